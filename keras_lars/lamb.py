@@ -1,0 +1,133 @@
+"""LAMB: layer-wise adaptive moments (You et al. 2019)."""
+
+import keras
+from keras import ops
+
+from keras_lars.layerwise import LayerwiseOptimizer
+from keras_lars.layerwise import check_number
+from keras_lars.layerwise import l2_norm
+from keras_lars.layerwise import trust_ratio
+
+
+@keras.saving.register_keras_serializable(package="keras_lars")
+class LAMB(LayerwiseOptimizer):
+    """Layer-wise Adaptive Moments optimizer for Batch training, arXiv:1904.00962.
+
+    A drop-in for `tfa.optimizers.LAMB` (same argument names, defaults and
+    numbers). For each variable w with gradient g at step t:
+
+        m = beta_1 * m + (1 - beta_1) * g
+        v = beta_2 * v + (1 - beta_2) * g^2
+        r = (m / (1 - beta_1^t)) / (sqrt(v / (1 - beta_2^t)) + epsilon)
+        u = r + weight_decay * w
+        ratio = ||w|| / ||u||    (1 where ||w|| = 0 or ||u|| = 0;
+                                  clipped to `trust_ratio_bounds` if given)
+        w = w - lr * ratio * u
+
+    Weight decay sits inside the ratio, unlike Keras 3's own `Lamb`, whose
+    decay is decoupled and applied outside it (the two agree only without
+    weight decay). Norms are accumulated in float32.
+
+    Args:
+        learning_rate: float >= 0 or a `LearningRateSchedule`.
+        beta_1: float in [0, 1), first-moment decay.
+        beta_2: float in [0, 1), second-moment decay.
+        epsilon: float > 0 added to sqrt(v_hat).
+        weight_decay: float >= 0, coupled decay inside the ratio.
+        exclude_from_weight_decay: list of regular expressions searched in
+            `variable.path`; matched variables get no weight decay.
+        exclude_from_layer_adaptation: the same for the ratio; None falls
+            back to `exclude_from_weight_decay` (as in tensorflow-addons).
+        exclude_rank_one: bool, also exclude every variable of rank <= 1 from
+            both (False by default, as in tensorflow-addons).
+        trust_ratio_bounds: None or (lower, upper) to clip the ratio to.
+        **kwargs: Keras's base optimizer arguments, except `weight_decay`.
+    """
+
+    def __init__(
+        self,
+        learning_rate=0.001,
+        beta_1=0.9,
+        beta_2=0.999,
+        epsilon=1e-6,
+        weight_decay=0.0,
+        exclude_from_weight_decay=None,
+        exclude_from_layer_adaptation=None,
+        exclude_rank_one=False,
+        trust_ratio_bounds=None,
+        name="LAMB",
+        **kwargs,
+    ):
+        super().__init__(
+            learning_rate=learning_rate,
+            weight_decay=weight_decay,
+            exclude_from_weight_decay=exclude_from_weight_decay,
+            exclude_from_layer_adaptation=exclude_from_layer_adaptation,
+            exclude_rank_one=exclude_rank_one,
+            name=name,
+            **kwargs,
+        )
+        self.beta_1 = check_number("beta_1", beta_1, at_least=0.0, below=1.0)
+        self.beta_2 = check_number("beta_2", beta_2, at_least=0.0, below=1.0)
+        self.epsilon = check_number("epsilon", epsilon, above=0.0)
+        if trust_ratio_bounds is not None:
+            try:
+                lower, upper = trust_ratio_bounds
+            except (TypeError, ValueError):
+                raise ValueError(
+                    "`trust_ratio_bounds` must be None or a pair (lower, upper), "
+                    f"received {trust_ratio_bounds!r}."
+                ) from None
+            lower = check_number("trust_ratio_bounds[0]", lower, at_least=0.0)
+            upper = check_number("trust_ratio_bounds[1]", upper, above=lower)
+            trust_ratio_bounds = (lower, upper)
+        self.trust_ratio_bounds = trust_ratio_bounds
+
+    def build(self, variables):
+        if self.built:
+            return
+        super().build(variables)
+        self.momentums, self.velocities = self.add_optimizer_variables(
+            variables, ["m", "v"]
+        )
+
+    def update_step(self, gradient, variable, learning_rate):
+        index = self._get_variable_index(variable)
+        dtype = variable.dtype
+        gradient = ops.cast(gradient, dtype)
+        lr = ops.cast(learning_rate, "float32")
+        t = ops.cast(self.iterations + 1, dtype)
+        beta_1 = ops.cast(self.beta_1, dtype)
+        beta_2 = ops.cast(self.beta_2, dtype)
+        m = self.momentums[index]
+        v = self.velocities[index]
+
+        self.assign(m, beta_1 * m + (1 - beta_1) * gradient)
+        self.assign(v, beta_2 * v + (1 - beta_2) * ops.square(gradient))
+        m_hat = m / (1 - ops.power(beta_1, t))
+        v_hat = v / (1 - ops.power(beta_2, t))
+        update = m_hat / (ops.sqrt(v_hat) + ops.cast(self.epsilon, dtype))
+        if self._decays[index]:
+            update = update + ops.cast(self.weight_decay, dtype) * variable
+
+        scale = 1.0
+        if self._adapts[index]:
+            scale = trust_ratio(
+                l2_norm(variable), l2_norm(update), bounds=self.trust_ratio_bounds
+            )
+        self.assign_sub(variable, ops.cast(lr * scale, dtype) * update)
+
+    def get_config(self):
+        config = super().get_config()
+        config.update(
+            {
+                "beta_1": self.beta_1,
+                "beta_2": self.beta_2,
+                "epsilon": self.epsilon,
+                "trust_ratio_bounds": (
+                    None if self.trust_ratio_bounds is None
+                    else list(self.trust_ratio_bounds)
+                ),
+            }
+        )
+        return config

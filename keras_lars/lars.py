@@ -1,0 +1,187 @@
+"""LARS: layer-wise adaptive rate scaling (You, Gitman, Ginsburg 2017)."""
+
+import keras
+from keras import ops
+
+from keras_lars.layerwise import LayerwiseOptimizer
+from keras_lars.layerwise import check_number
+from keras_lars.layerwise import l2_norm
+from keras_lars.layerwise import trust_ratio
+
+TRUST_DENOMINATORS = ("sum_of_norms", "norm_of_sum")
+
+
+@keras.saving.register_keras_serializable(package="keras_lars")
+class LARS(LayerwiseOptimizer):
+    """Layer-wise Adaptive Rate Scaling, arXiv:1708.03888.
+
+    For each variable w with gradient g, global rate lr, momentum m,
+    weight decay beta and trust coefficient eta (the paper's default form):
+
+        ratio = eta * ||w|| / (||g|| + beta * ||w|| + epsilon)
+        v = m * v + lr * ratio * (g + beta * w)
+        w = w - v
+
+    Options:
+    - `trust_denominator="norm_of_sum"`: ratio = eta*||w|| / (||g + beta*w|| + eps)
+      (tensorflow/models and optax).
+    - `classic_momentum=False`: the rate outside the buffer (TF1's
+      LARSOptimizer, timm): v = m*v + ratio*(g + beta*w); w = w - lr*v.
+    - `nesterov=True`: w takes the look-ahead step, m*v + (this step's
+      term), instead of v.
+    - `clip_trust_ratio=True` (LARC "clip" mode): the local rate is
+      min(ratio, lr) instead of lr * ratio.
+
+    The ratio is 1 where ||w|| = 0 or the gradient norm in the ratio is 0;
+    weight decay still applies then. Norms are accumulated in float32.
+    Variables excluded from layer adaptation take plain momentum at the
+    global rate; by default (`exclude_rank_one=True`) that is every variable
+    of rank <= 1 (biases, batch-norm gamma/beta), which also gets no weight
+    decay, as in the MLPerf ResNet-50 reference.
+
+    Momentum is kept in Keras's sign convention (a velocity u = -v, so
+    w = w + u) when `classic_momentum=True`, and as v when False.
+    Sparse gradients are densified: the ratio needs the whole norm.
+
+    Args:
+        learning_rate: float >= 0 or a `LearningRateSchedule`: the global
+            rate lr. Large-batch recipes use 1-30 (see `keras_lars.recipes`).
+        momentum: float in [0, 1). 0 runs without a momentum buffer.
+        weight_decay: float >= 0, beta, coupled (inside the ratio and the
+            momentum). Not Keras's decoupled decay.
+        trust_coefficient: float > 0, eta.
+        epsilon: float >= 0 added to the ratio's denominator.
+        nesterov: bool, Nesterov momentum.
+        classic_momentum: bool, whether lr is inside the momentum buffer.
+        trust_denominator: "sum_of_norms" (paper) or "norm_of_sum".
+        clip_trust_ratio: bool, LARC clipping of the local rate to lr.
+        exclude_from_weight_decay: list of regular expressions searched in
+            `variable.path` ("dense/kernel"); matched variables get no decay.
+        exclude_from_layer_adaptation: the same for layer adaptation; None
+            falls back to `exclude_from_weight_decay`.
+        exclude_rank_one: bool, exclude variables of rank <= 1 from both.
+        **kwargs: Keras's base optimizer arguments (`clipnorm`,
+            `global_clipnorm`, `use_ema`, `loss_scale_factor`,
+            `gradient_accumulation_steps`, ...), except `weight_decay`.
+    """
+
+    def __init__(
+        self,
+        learning_rate=1.0,
+        momentum=0.9,
+        weight_decay=0.0,
+        trust_coefficient=0.001,
+        epsilon=0.0,
+        nesterov=False,
+        classic_momentum=True,
+        trust_denominator="sum_of_norms",
+        clip_trust_ratio=False,
+        exclude_from_weight_decay=None,
+        exclude_from_layer_adaptation=None,
+        exclude_rank_one=True,
+        name="lars",
+        **kwargs,
+    ):
+        super().__init__(
+            learning_rate=learning_rate,
+            weight_decay=weight_decay,
+            exclude_from_weight_decay=exclude_from_weight_decay,
+            exclude_from_layer_adaptation=exclude_from_layer_adaptation,
+            exclude_rank_one=exclude_rank_one,
+            name=name,
+            **kwargs,
+        )
+        self.momentum = check_number("momentum", momentum, at_least=0.0, below=1.0)
+        self.trust_coefficient = check_number(
+            "trust_coefficient", trust_coefficient, above=0.0
+        )
+        self.epsilon = check_number("epsilon", epsilon, at_least=0.0)
+        for flag, value in (
+            ("nesterov", nesterov),
+            ("classic_momentum", classic_momentum),
+            ("clip_trust_ratio", clip_trust_ratio),
+        ):
+            if not isinstance(value, bool):
+                raise ValueError(f"`{flag}` must be True or False, received {value!r}.")
+        if nesterov and self.momentum == 0:
+            raise ValueError("`nesterov=True` needs `momentum` > 0, received 0.")
+        if trust_denominator not in TRUST_DENOMINATORS:
+            raise ValueError(
+                f"`trust_denominator` must be one of {TRUST_DENOMINATORS}, "
+                f"received {trust_denominator!r}."
+            )
+        self.nesterov = nesterov
+        self.classic_momentum = classic_momentum
+        self.trust_denominator = trust_denominator
+        self.clip_trust_ratio = clip_trust_ratio
+
+    def build(self, variables):
+        if self.built:
+            return
+        super().build(variables)
+        self.momentums = []
+        if self.momentum > 0:
+            self.momentums = self.add_optimizer_variables(variables, "momentum")
+
+    def update_step(self, gradient, variable, learning_rate):
+        index = self._get_variable_index(variable)
+        dtype = variable.dtype
+        gradient = ops.cast(gradient, dtype)
+        lr = ops.cast(learning_rate, "float32")
+        beta = self.weight_decay if self._decays[index] else 0.0
+        step = gradient + beta * variable if beta else gradient  # g + beta*w
+
+        scale = 1.0  # the layer's rate is lr * scale
+        if self._adapts[index]:
+            weight_norm = l2_norm(variable)
+            if self.trust_denominator == "sum_of_norms":
+                gradient_norm = l2_norm(gradient)
+                denominator = gradient_norm + beta * weight_norm
+            else:
+                gradient_norm = denominator = l2_norm(step)
+            scale = trust_ratio(
+                weight_norm,
+                gradient_norm,
+                denominator,
+                coefficient=self.trust_coefficient,
+                epsilon=self.epsilon,
+                clip_to_learning_rate=lr if self.clip_trust_ratio else None,
+            )
+        local_lr = ops.cast(lr * scale, dtype)
+
+        if self.momentum == 0:
+            self.assign_sub(variable, local_lr * step)
+            return
+        m = ops.cast(self.momentum, dtype)
+        buffer = self.momentums[index]
+        if self.classic_momentum:
+            # u = m*u - lr*ratio*step; w += u   (u = -v)
+            self.assign(buffer, m * buffer - local_lr * step)
+            if self.nesterov:
+                self.assign_add(variable, m * buffer - local_lr * step)
+            else:
+                self.assign_add(variable, buffer)
+        else:
+            # v = m*v + ratio*step; w -= lr*v
+            scaled_step = ops.cast(scale, dtype) * step
+            self.assign(buffer, m * buffer + scaled_step)
+            lr = ops.cast(lr, dtype)
+            if self.nesterov:
+                self.assign_sub(variable, lr * (m * buffer + scaled_step))
+            else:
+                self.assign_sub(variable, lr * buffer)
+
+    def get_config(self):
+        config = super().get_config()
+        config.update(
+            {
+                "momentum": self.momentum,
+                "trust_coefficient": self.trust_coefficient,
+                "epsilon": self.epsilon,
+                "nesterov": self.nesterov,
+                "classic_momentum": self.classic_momentum,
+                "trust_denominator": self.trust_denominator,
+                "clip_trust_ratio": self.clip_trust_ratio,
+            }
+        )
+        return config

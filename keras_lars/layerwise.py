@@ -1,0 +1,242 @@
+"""What LARS and LAMB share: the layer-wise trust ratio and the per-variable policy.
+
+The trust ratio (You et al. 2017, 2019) rescales each layer's step by how large
+the layer's weights are compared with its update:
+
+    ratio = coefficient * ||w|| / (denominator + epsilon)
+
+where the denominator is ||u|| (LAMB, and LARS in the tensorflow/models and
+optax form, u = g + beta * w) or ||g|| + beta * ||w|| (the LARS paper).
+
+Zero-norm policy: where ||w|| = 0 (a freshly zeroed layer) or ||u|| = 0 (no
+signal this step) the ratio is 1, i.e. the layer takes the global rate. Weight
+decay still applies in that case, because it is part of u, not of the ratio.
+
+Norms are always accumulated in float32: a float16 sum of squares overflows
+at 256 for a layer of a million unit-sized weights.
+"""
+
+import numbers
+import re
+
+import keras
+from keras import ops
+
+_RANK_ONE_NOTE = "biases, batch-norm gamma/beta"
+
+
+def l2_norm(x):
+    """Euclidean norm of all elements of `x`, accumulated in float32."""
+    x = ops.cast(x, "float32")
+    return ops.sqrt(ops.sum(ops.square(x)))
+
+
+def trust_ratio(
+    weight_norm,
+    update_norm,
+    denominator=None,
+    coefficient=1.0,
+    epsilon=0.0,
+    bounds=None,
+    clip_to_learning_rate=None,
+):
+    """Returns the factor that multiplies the global learning rate of a layer.
+
+        ratio = coefficient * ||w|| / (denominator + epsilon),  denominator = ||u||
+        ratio = clip(ratio, *bounds)                 if bounds is given
+        ratio = min(ratio / lr, 1)                   if clip_to_learning_rate=lr
+                                                     (LARC clipping: local rate
+                                                      min(ratio, lr))
+        ratio = 1      where ||w|| == 0 or ||u|| == 0
+
+    All arguments are float32 scalars (or Python floats).
+    """
+    if denominator is None:
+        denominator = update_norm
+    ratio = coefficient * weight_norm / (denominator + epsilon)
+    if bounds is not None:
+        ratio = ops.clip(ratio, bounds[0], bounds[1])
+    if clip_to_learning_rate is not None:
+        ratio = ops.minimum(ratio / clip_to_learning_rate, 1.0)
+    defined = ops.logical_and(
+        ops.greater(weight_norm, 0.0), ops.greater(update_norm, 0.0)
+    )
+    return ops.where(defined, ratio, ops.ones_like(ratio))
+
+
+def variable_path(variable):
+    """The name exclusion patterns are matched against: `variable.path`."""
+    path = getattr(variable, "path", None)
+    if path is None:  # a raw tf.Variable handed to apply_gradients
+        path = variable.name.split(":")[0]
+    return path
+
+
+def compile_patterns(patterns, argument):
+    """Validates a list of regular expressions; returns them compiled.
+
+    A single string counts as one pattern (not as a list of characters,
+    the tensorflow-addons#1530 trap). `None` means no pattern.
+    """
+    if patterns is None:
+        return []
+    if isinstance(patterns, str):
+        patterns = [patterns]
+    try:
+        patterns = list(patterns)
+    except TypeError:
+        raise ValueError(
+            f"`{argument}` must be a list of regular expressions, "
+            f"received {patterns!r}."
+        ) from None
+    compiled = []
+    for pattern in patterns:
+        if not isinstance(pattern, str) or not pattern:
+            raise ValueError(
+                f"`{argument}` must hold non-empty regular expression "
+                f"strings, received {pattern!r}."
+            )
+        try:
+            compiled.append(re.compile(pattern))
+        except re.error as error:
+            raise ValueError(
+                f"`{argument}` holds an invalid regular expression "
+                f"{pattern!r}: {error}."
+            ) from None
+    return compiled
+
+
+def check_number(name, value, above=None, at_least=None, below=None, at_most=None):
+    """Returns float(value); raises ValueError naming `name` if out of range."""
+    limits = [
+        (above, lambda v, b: v > b, ">"),
+        (at_least, lambda v, b: v >= b, ">="),
+        (below, lambda v, b: v < b, "<"),
+        (at_most, lambda v, b: v <= b, "<="),
+    ]
+    wanted = " and ".join(f"{sign} {bound}" for bound, _, sign in limits
+                          if bound is not None)
+    is_number = isinstance(value, numbers.Real) and not isinstance(value, bool)
+    if not is_number or value != value or not all(
+        ok(value, bound) for bound, ok, _ in limits if bound is not None
+    ):
+        raise ValueError(
+            f"`{name}` must be a number {wanted}".rstrip() + f", received {value!r}."
+        )
+    return float(value)
+
+
+class LayerwiseOptimizer(keras.optimizers.Optimizer):
+    """Base class of LARS and LAMB: coupled weight decay and exclusions.
+
+    Weight decay here is *coupled*: it is folded into the update before the
+    trust ratio. It is therefore not handed to Keras's base class, whose
+    `weight_decay` is decoupled and would be applied a second time.
+
+    Which variables get weight decay and which get layer adaptation is
+    decided once per variable in `build()`:
+
+    - a variable of rank <= 1 (biases, batch-norm gamma/beta) gets neither
+      when `exclude_rank_one` is true (the MLPerf ResNet reference);
+    - a variable whose `path` (e.g. "dense/kernel") is matched (`re.search`)
+      by a pattern of `exclude_from_weight_decay` gets no weight decay;
+    - one matched by `exclude_from_layer_adaptation` is not adapted: it takes
+      the global learning rate. When that list is None it falls back to
+      `exclude_from_weight_decay` (as in tensorflow-addons); pass `[]` to
+      adapt every variable;
+    - variables excluded through Keras's `exclude_from_weight_decay()`
+      method get no weight decay either.
+    """
+
+    def __init__(
+        self,
+        learning_rate,
+        weight_decay,
+        exclude_from_weight_decay,
+        exclude_from_layer_adaptation,
+        exclude_rank_one,
+        name,
+        **kwargs,
+    ):
+        if kwargs.get("weight_decay") is not None:  # pragma: no cover
+            raise ValueError("`weight_decay` given twice.")
+        if isinstance(learning_rate, int) and not isinstance(learning_rate, bool):
+            learning_rate = float(learning_rate)
+        if isinstance(learning_rate, float):
+            check_number("learning_rate", learning_rate, at_least=0.0)
+        super().__init__(learning_rate=learning_rate, name=name, **kwargs)
+        self.weight_decay = check_number("weight_decay", weight_decay, at_least=0.0)
+        self._decay_patterns = compile_patterns(
+            exclude_from_weight_decay, "exclude_from_weight_decay"
+        )
+        if exclude_from_layer_adaptation is None:
+            self._adaptation_patterns = self._decay_patterns
+        else:
+            self._adaptation_patterns = compile_patterns(
+                exclude_from_layer_adaptation, "exclude_from_layer_adaptation"
+            )
+        self._exclude_from_weight_decay_arg = _as_list(exclude_from_weight_decay)
+        self._exclude_from_layer_adaptation_arg = _as_list(
+            exclude_from_layer_adaptation
+        )
+        if not isinstance(exclude_rank_one, bool):
+            raise ValueError(
+                f"`exclude_rank_one` must be True or False, "
+                f"received {exclude_rank_one!r}."
+            )
+        self.exclude_rank_one = exclude_rank_one
+
+    def _apply_weight_decay(self, variables):
+        """No decoupled decay: ours is coupled, inside `update_step`."""
+        return
+
+    def build(self, variables):
+        if self.built:
+            return
+        super().build(variables)
+        self._decays = []
+        self._adapts = []
+        for variable in variables:
+            path = variable_path(variable)
+            low_rank = self.exclude_rank_one and len(variable.shape) <= 1
+            decays = (
+                self.weight_decay > 0
+                and not low_rank
+                and not any(p.search(path) for p in self._decay_patterns)
+                and self._use_weight_decay(variable)
+            )
+            adapts = not low_rank and not any(
+                p.search(path) for p in self._adaptation_patterns
+            )
+            self._decays.append(decays)
+            self._adapts.append(adapts)
+
+    def uses_weight_decay(self, variable):
+        """Whether `variable` gets weight decay (known once built)."""
+        return self._decays[self._get_variable_index(variable)]
+
+    def uses_layer_adaptation(self, variable):
+        """Whether `variable`'s rate is scaled by its trust ratio."""
+        return self._adapts[self._get_variable_index(variable)]
+
+    def get_config(self):
+        config = super().get_config()
+        config.update(
+            {
+                "weight_decay": self.weight_decay,
+                "exclude_from_weight_decay": self._exclude_from_weight_decay_arg,
+                "exclude_from_layer_adaptation": (
+                    self._exclude_from_layer_adaptation_arg
+                ),
+                "exclude_rank_one": self.exclude_rank_one,
+            }
+        )
+        return config
+
+
+def _as_list(patterns):
+    if patterns is None:
+        return None
+    if isinstance(patterns, str):
+        return [patterns]
+    return list(patterns)

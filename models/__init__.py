@@ -1,0 +1,1 @@
+"""Reference model definitions for large-batch training."""

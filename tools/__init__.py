@@ -1,0 +1,1 @@
+"""Command-line programs: training, data conversion, benchmarks, studies."""
