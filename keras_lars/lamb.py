@@ -41,6 +41,9 @@ class LAMB(LayerwiseOptimizer):
         exclude_rank_one: bool, also exclude every variable of rank <= 1 from
             both (False by default, as in tensorflow-addons).
         trust_ratio_bounds: None or (lower, upper) to clip the ratio to.
+        record_trust_ratios: bool, keep each adapted variable's last trust
+            ratio and norms for `trust_ratio_stats()` and
+            `keras_lars.TrustRatioMonitor`.
         **kwargs: Keras's base optimizer arguments, except `weight_decay`.
     """
 
@@ -55,6 +58,7 @@ class LAMB(LayerwiseOptimizer):
         exclude_from_layer_adaptation=None,
         exclude_rank_one=False,
         trust_ratio_bounds=None,
+        record_trust_ratios=False,
         name="LAMB",
         **kwargs,
     ):
@@ -64,6 +68,7 @@ class LAMB(LayerwiseOptimizer):
             exclude_from_weight_decay=exclude_from_weight_decay,
             exclude_from_layer_adaptation=exclude_from_layer_adaptation,
             exclude_rank_one=exclude_rank_one,
+            record_trust_ratios=record_trust_ratios,
             name=name,
             **kwargs,
         )
@@ -112,9 +117,9 @@ class LAMB(LayerwiseOptimizer):
 
         scale = 1.0
         if self._adapts[index]:
-            scale = trust_ratio(
-                l2_norm(variable), l2_norm(update), bounds=self.trust_ratio_bounds
-            )
+            weight_norm, update_norm = l2_norm(variable), l2_norm(update)
+            scale = trust_ratio(weight_norm, update_norm, bounds=self.trust_ratio_bounds)
+            self._record_trust_stats(index, scale, weight_norm, update_norm)
         self.assign_sub(variable, ops.cast(lr * scale, dtype) * update)
 
     def get_config(self):

@@ -60,6 +60,9 @@ class LARS(LayerwiseOptimizer):
         exclude_from_layer_adaptation: the same for layer adaptation; None
             falls back to `exclude_from_weight_decay`.
         exclude_rank_one: bool, exclude variables of rank <= 1 from both.
+        record_trust_ratios: bool, keep each adapted variable's last trust
+            ratio and norms for `trust_ratio_stats()` and
+            `keras_lars.TrustRatioMonitor`.
         **kwargs: Keras's base optimizer arguments (`clipnorm`,
             `global_clipnorm`, `use_ema`, `loss_scale_factor`,
             `gradient_accumulation_steps`, ...), except `weight_decay`.
@@ -79,6 +82,7 @@ class LARS(LayerwiseOptimizer):
         exclude_from_weight_decay=None,
         exclude_from_layer_adaptation=None,
         exclude_rank_one=True,
+        record_trust_ratios=False,
         name="lars",
         **kwargs,
     ):
@@ -88,6 +92,7 @@ class LARS(LayerwiseOptimizer):
             exclude_from_weight_decay=exclude_from_weight_decay,
             exclude_from_layer_adaptation=exclude_from_layer_adaptation,
             exclude_rank_one=exclude_rank_one,
+            record_trust_ratios=record_trust_ratios,
             name=name,
             **kwargs,
         )
@@ -147,6 +152,7 @@ class LARS(LayerwiseOptimizer):
                 epsilon=self.epsilon,
                 clip_to_learning_rate=lr if self.clip_trust_ratio else None,
             )
+            self._record_trust_stats(index, scale, weight_norm, gradient_norm)
         local_lr = ops.cast(lr * scale, dtype)
 
         if self.momentum == 0:

@@ -155,6 +155,7 @@ class LayerwiseOptimizer(keras.optimizers.Optimizer):
         exclude_from_weight_decay,
         exclude_from_layer_adaptation,
         exclude_rank_one,
+        record_trust_ratios,
         name,
         **kwargs,
     ):
@@ -185,6 +186,12 @@ class LayerwiseOptimizer(keras.optimizers.Optimizer):
                 f"received {exclude_rank_one!r}."
             )
         self.exclude_rank_one = exclude_rank_one
+        if not isinstance(record_trust_ratios, bool):
+            raise ValueError(
+                f"`record_trust_ratios` must be True or False, "
+                f"received {record_trust_ratios!r}."
+            )
+        self.record_trust_ratios = record_trust_ratios
 
     def _apply_weight_decay(self, variables):
         """No decoupled decay: ours is coupled, inside `update_step`."""
@@ -210,6 +217,43 @@ class LayerwiseOptimizer(keras.optimizers.Optimizer):
             )
             self._decays.append(decays)
             self._adapts.append(adapts)
+        # One float32 vector (ratio, ||w||, ||u||) per adapted variable.
+        self._trust_stats = [
+            self.add_variable(
+                (3,), dtype="float32", name=path.replace("/", "_") + "_trust_stats"
+            )
+            if self.record_trust_ratios and adapts else None
+            for path, adapts in zip(map(variable_path, variables), self._adapts)
+        ]
+
+    def _record_trust_stats(self, index, ratio, weight_norm, update_norm):
+        """Keeps this step's statistics when `record_trust_ratios` is set."""
+        if self._trust_stats[index] is not None:
+            self.assign(
+                self._trust_stats[index],
+                ops.stack([ratio, weight_norm, update_norm]),
+            )
+
+    def trust_ratio_stats(self):
+        """{variable path: (trust ratio, ||w||, ||u||)} of the last step.
+
+        Only adapted variables are listed; needs `record_trust_ratios=True`.
+        The ratio is the factor applied to the global rate (after clipping);
+        u is the norm the ratio was computed from (LARS: ||g|| or
+        ||g + beta*w||; LAMB: ||r + lambda*w||).
+        """
+        if not self.record_trust_ratios:
+            raise ValueError(
+                f"Optimizer {self.name!r} does not record trust ratios: "
+                "construct it with `record_trust_ratios=True`."
+            )
+        if not self.built:
+            return {}
+        return {
+            variable_path(variable): tuple(float(x) for x in ops.convert_to_numpy(stats))
+            for variable, stats in zip(self._trainable_variables, self._trust_stats)
+            if stats is not None
+        }
 
     def uses_weight_decay(self, variable):
         """Whether `variable` gets weight decay (known once built)."""
@@ -229,6 +273,7 @@ class LayerwiseOptimizer(keras.optimizers.Optimizer):
                     self._exclude_from_layer_adaptation_arg
                 ),
                 "exclude_rank_one": self.exclude_rank_one,
+                "record_trust_ratios": self.record_trust_ratios,
             }
         )
         return config
