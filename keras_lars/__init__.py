@@ -3,7 +3,27 @@
 from keras_lars.lamb import LAMB
 from keras_lars.lars import LARS
 from keras_lars.layerwise import trust_ratio
+from keras_lars.callbacks import TrustRatioMonitor
+from keras_lars.callbacks import WarmupPolyDecayCallback
+from keras_lars.recipes import LarsRecipe
+from keras_lars.recipes import epochs_to_steps
+from keras_lars.recipes import linear_scaling
+from keras_lars.recipes import resnet50_lars_recipe
+from keras_lars.recipes import steps_per_epoch
+from keras_lars.schedules import WarmupPolyDecay
 
 __version__ = "0.1.0"
 
-__all__ = ["LARS", "LAMB", "trust_ratio"]
+__all__ = [
+    "LARS",
+    "LAMB",
+    "trust_ratio",
+    "WarmupPolyDecay",
+    "WarmupPolyDecayCallback",
+    "TrustRatioMonitor",
+    "LarsRecipe",
+    "resnet50_lars_recipe",
+    "steps_per_epoch",
+    "epochs_to_steps",
+    "linear_scaling",
+]

@@ -1,0 +1,118 @@
+"""The large-batch learning-rate curve: linear warmup, then polynomial decay.
+
+This is the one place the curve is written down; `WarmupPolyDecayCallback`
+and the training tool evaluate this schedule, they do not re-implement it.
+"""
+
+import numbers
+
+import keras
+from keras import ops
+
+from keras_lars.layerwise import check_number
+
+
+def _check_steps(name, value, at_least):
+    if (
+        not isinstance(value, numbers.Integral)
+        or isinstance(value, bool)
+        or value < at_least
+    ):
+        raise ValueError(
+            f"`{name}` must be an integer >= {at_least}, received {value!r}."
+        )
+    return int(value)
+
+
+@keras.saving.register_keras_serializable(package="keras_lars")
+class WarmupPolyDecay(keras.optimizers.schedules.LearningRateSchedule):
+    """Linear warmup to a peak rate, then polynomial decay to an end rate.
+
+    `step` is the optimizer's iteration count before the update, so step 0
+    is the first update and step k the (k+1)-th. With start rate s, peak p,
+    end rate e, warmup W and total T steps:
+
+        step <  W:          lr = s + (p - s) * (step + 1) / W
+        W <= step < T:      lr = e + (p - e) * (1 - (step - W) / (T - W))^power
+        step >= T:          lr = e
+
+    The first update already moves (it uses s + (p - s) / W, not s), the
+    W-th update (step W - 1) is the first at the peak, and decay starts from
+    the peak at step W. The tensorflow/tpu `lars_util.poly_rate_schedule`
+    and the Google MLPerf v0.7 ResNet-50 reference instead warm up with
+    p * step / W, spending their first update at rate 0, and decay over
+    T - W + 1 steps; otherwise the curves are the same.
+
+    Everything is `keras.ops` on the step tensor, so the rate is computed in
+    the compiled train step (graph, XLA, TPU, JAX), exactly at every step,
+    whatever `steps_per_execution` is, and correctly after resuming, since
+    the step is the optimizer's restored `iterations`. (With Keras's
+    `gradient_accumulation_steps`, Keras hands schedules the count of
+    micro-batches: count W and T in micro-batches then.)
+
+    Args:
+        peak_learning_rate: float >= 0, p, reached at the end of warmup.
+        warmup_steps: int >= 0, W; 0 starts decaying from p at step 0.
+        total_steps: int > 0, T >= W, where the rate reaches e.
+        power: float > 0, the decay polynomial's power (2 in the LARS
+            papers and the MLPerf reference; 1 is linear decay).
+        end_learning_rate: float >= 0, e.
+        start_learning_rate: float >= 0, s, the rate warmup starts from
+            (before the first update); 0 in the references.
+        name: optional name.
+    """
+
+    def __init__(
+        self,
+        peak_learning_rate,
+        warmup_steps,
+        total_steps,
+        power=2.0,
+        end_learning_rate=1e-4,
+        start_learning_rate=0.0,
+        name="warmup_poly_decay",
+    ):
+        self.peak_learning_rate = check_number(
+            "peak_learning_rate", peak_learning_rate, at_least=0.0
+        )
+        self.warmup_steps = _check_steps("warmup_steps", warmup_steps, 0)
+        self.total_steps = _check_steps("total_steps", total_steps, 1)
+        if self.warmup_steps > self.total_steps:
+            raise ValueError(
+                f"`warmup_steps` ({warmup_steps}) must not exceed "
+                f"`total_steps` ({total_steps})."
+            )
+        self.power = check_number("power", power, above=0.0)
+        self.end_learning_rate = check_number(
+            "end_learning_rate", end_learning_rate, at_least=0.0
+        )
+        self.start_learning_rate = check_number(
+            "start_learning_rate", start_learning_rate, at_least=0.0
+        )
+        self.name = name
+
+    def __call__(self, step):
+        step = ops.cast(step, "float32")
+        peak, end, start = (
+            self.peak_learning_rate,
+            self.end_learning_rate,
+            self.start_learning_rate,
+        )
+        warmup = float(self.warmup_steps)
+        warmup_rate = start + (peak - start) * (step + 1.0) / max(warmup, 1.0)
+        decay_steps = float(max(self.total_steps - self.warmup_steps, 1))
+        progress = ops.clip((step - warmup) / decay_steps, 0.0, 1.0)
+        decay_rate = end + (peak - end) * ops.power(1.0 - progress, self.power)
+        decay_rate = ops.where(step < float(self.total_steps), decay_rate, end)
+        return ops.where(step < warmup, warmup_rate, decay_rate)
+
+    def get_config(self):
+        return {
+            "peak_learning_rate": self.peak_learning_rate,
+            "warmup_steps": self.warmup_steps,
+            "total_steps": self.total_steps,
+            "power": self.power,
+            "end_learning_rate": self.end_learning_rate,
+            "start_learning_rate": self.start_learning_rate,
+            "name": self.name,
+        }
