@@ -3,9 +3,9 @@
 import keras
 from keras import ops
 
+from keras_lars import kernels
 from keras_lars.layerwise import LayerwiseOptimizer
 from keras_lars.layerwise import check_number
-from keras_lars.layerwise import l2_norm
 from keras_lars.layerwise import trust_ratio
 
 
@@ -99,28 +99,29 @@ class LAMB(LayerwiseOptimizer):
     def update_step(self, gradient, variable, learning_rate):
         index = self._get_variable_index(variable)
         dtype = variable.dtype
-        gradient = ops.cast(gradient, dtype)
-        lr = ops.cast(learning_rate, "float32")
-        t = ops.cast(self.iterations + 1, dtype)
-        beta_1 = ops.cast(self.beta_1, dtype)
-        beta_2 = ops.cast(self.beta_2, dtype)
+        gradient = ops.cast(kernels.dense(gradient), dtype)
         m = self.momentums[index]
         v = self.velocities[index]
+        self.assign_add(m, (gradient - m) * (1 - self.beta_1))
+        self.assign_add(v, (ops.square(gradient) - v) * (1 - self.beta_2))
 
-        self.assign(m, beta_1 * m + (1 - beta_1) * gradient)
-        self.assign(v, beta_2 * v + (1 - beta_2) * ops.square(gradient))
-        m_hat = m / (1 - ops.power(beta_1, t))
-        v_hat = v / (1 - ops.power(beta_2, t))
-        update = m_hat / (ops.sqrt(v_hat) + ops.cast(self.epsilon, dtype))
+        # r = m_hat / (sqrt(v_hat) + eps) = c * m / (sqrt(v) + eps'), with the
+        # bias corrections folded into scalars: c = sqrt(1 - beta_2^t) / (1 -
+        # beta_1^t) and eps' = eps * sqrt(1 - beta_2^t).
+        t = ops.cast(self.iterations + 1, "float32")
+        root = ops.sqrt(1 - ops.power(ops.cast(self.beta_2, "float32"), t))
+        c = root / (1 - ops.power(ops.cast(self.beta_1, "float32"), t))
+        update = m / (ops.sqrt(v) + ops.cast(self.epsilon * root, dtype)) * ops.cast(c, dtype)
         if self._decays[index]:
             update = update + ops.cast(self.weight_decay, dtype) * variable
 
         scale = 1.0
         if self._adapts[index]:
-            weight_norm, update_norm = l2_norm(variable), l2_norm(update)
+            weight_norm, update_norm = kernels.l2_norm(variable), kernels.l2_norm(update)
             scale = trust_ratio(weight_norm, update_norm, bounds=self.trust_ratio_bounds)
             self._record_trust_stats(index, scale, weight_norm, update_norm)
-        self.assign_sub(variable, ops.cast(lr * scale, dtype) * update)
+        lr = ops.cast(learning_rate, "float32")
+        kernels.descent_step(self, variable, ops.cast(lr * scale, dtype), update)
 
     def get_config(self):
         config = super().get_config()

@@ -3,9 +3,9 @@
 import keras
 from keras import ops
 
+from keras_lars import kernels
 from keras_lars.layerwise import LayerwiseOptimizer
 from keras_lars.layerwise import check_number
-from keras_lars.layerwise import l2_norm
 from keras_lars.layerwise import trust_ratio
 
 TRUST_DENOMINATORS = ("sum_of_norms", "norm_of_sum")
@@ -131,19 +131,19 @@ class LARS(LayerwiseOptimizer):
     def update_step(self, gradient, variable, learning_rate):
         index = self._get_variable_index(variable)
         dtype = variable.dtype
-        gradient = ops.cast(gradient, dtype)
+        gradient = ops.cast(kernels.dense(gradient), dtype)
         lr = ops.cast(learning_rate, "float32")
         beta = self.weight_decay if self._decays[index] else 0.0
         step = gradient + beta * variable if beta else gradient  # g + beta*w
 
         scale = 1.0  # the layer's rate is lr * scale
         if self._adapts[index]:
-            weight_norm = l2_norm(variable)
+            weight_norm = kernels.l2_norm(variable)
             if self.trust_denominator == "sum_of_norms":
-                gradient_norm = l2_norm(gradient)
+                gradient_norm = kernels.l2_norm(gradient)
                 denominator = gradient_norm + beta * weight_norm
             else:
-                gradient_norm = denominator = l2_norm(step)
+                gradient_norm = denominator = kernels.l2_norm(step)
             scale = trust_ratio(
                 weight_norm,
                 gradient_norm,
@@ -153,29 +153,18 @@ class LARS(LayerwiseOptimizer):
                 clip_to_learning_rate=lr if self.clip_trust_ratio else None,
             )
             self._record_trust_stats(index, scale, weight_norm, gradient_norm)
-        local_lr = ops.cast(lr * scale, dtype)
 
         if self.momentum == 0:
-            self.assign_sub(variable, local_lr * step)
-            return
-        m = ops.cast(self.momentum, dtype)
-        buffer = self.momentums[index]
-        if self.classic_momentum:
-            # u = m*u - lr*ratio*step; w += u   (u = -v)
-            self.assign(buffer, m * buffer - local_lr * step)
-            if self.nesterov:
-                self.assign_add(variable, m * buffer - local_lr * step)
-            else:
-                self.assign_add(variable, buffer)
-        else:
-            # v = m*v + ratio*step; w -= lr*v
-            scaled_step = ops.cast(scale, dtype) * step
-            self.assign(buffer, m * buffer + scaled_step)
-            lr = ops.cast(lr, dtype)
-            if self.nesterov:
-                self.assign_sub(variable, lr * (m * buffer + scaled_step))
-            else:
-                self.assign_sub(variable, lr * buffer)
+            kernels.descent_step(self, variable, ops.cast(lr * scale, dtype), step)
+        elif self.classic_momentum:  # u = m*u - lr*ratio*step; w += u
+            kernels.momentum_step(
+                self, variable, self.momentums[index], ops.cast(lr * scale, dtype),
+                step, ops.cast(self.momentum, dtype), self.nesterov, classic=True)
+        else:  # v = m*v + ratio*step; w -= lr*v
+            kernels.momentum_step(
+                self, variable, self.momentums[index], ops.cast(lr, dtype),
+                ops.cast(scale, dtype) * step, ops.cast(self.momentum, dtype),
+                self.nesterov, classic=False)
 
     def get_config(self):
         config = super().get_config()

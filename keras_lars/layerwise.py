@@ -22,13 +22,8 @@ import re
 import keras
 from keras import ops
 
+
 _RANK_ONE_NOTE = "biases, batch-norm gamma/beta"
-
-
-def l2_norm(x):
-    """Euclidean norm of all elements of `x`, accumulated in float32."""
-    x = ops.cast(x, "float32")
-    return ops.sqrt(ops.sum(ops.square(x)))
 
 
 def trust_ratio(
