@@ -4,6 +4,7 @@ import keras
 from keras import ops
 
 from keras_lars.schedules import WarmupPolyDecay
+from keras_lars.validation import check_integer
 
 
 def _inner(optimizer):
@@ -201,15 +202,7 @@ class TrustRatioMonitor(keras.callbacks.Callback):
             raise ValueError(
                 f"`log_dir` must be a directory path, received {log_dir!r}."
             )
-        if (
-            not isinstance(every_n_steps, int)
-            or isinstance(every_n_steps, bool)
-            or every_n_steps < 1
-        ):
-            raise ValueError(
-                "`every_n_steps` must be an integer >= 1, "
-                f"received {every_n_steps!r}."
-            )
+        check_integer("every_n_steps", every_n_steps, at_least=1)
         self.log_dir = log_dir
         self.every_n_steps = every_n_steps
         self._writer = None

@@ -5,8 +5,8 @@ from keras import ops
 
 from keras_lars import kernels
 from keras_lars.layerwise import LayerwiseOptimizer
-from keras_lars.layerwise import check_number
 from keras_lars.layerwise import trust_ratio
+from keras_lars.validation import check_number
 
 
 @keras.saving.register_keras_serializable(package="keras_lars")

@@ -5,8 +5,9 @@ from keras import ops
 
 from keras_lars import kernels
 from keras_lars.layerwise import LayerwiseOptimizer
-from keras_lars.layerwise import check_number
 from keras_lars.layerwise import trust_ratio
+from keras_lars.validation import check_bool
+from keras_lars.validation import check_number
 
 TRUST_DENOMINATORS = ("sum_of_norms", "norm_of_sum")
 
@@ -101,13 +102,6 @@ class LARS(LayerwiseOptimizer):
             "trust_coefficient", trust_coefficient, above=0.0
         )
         self.epsilon = check_number("epsilon", epsilon, at_least=0.0)
-        for flag, value in (
-            ("nesterov", nesterov),
-            ("classic_momentum", classic_momentum),
-            ("clip_trust_ratio", clip_trust_ratio),
-        ):
-            if not isinstance(value, bool):
-                raise ValueError(f"`{flag}` must be True or False, received {value!r}.")
         if nesterov and self.momentum == 0:
             raise ValueError("`nesterov=True` needs `momentum` > 0, received 0.")
         if trust_denominator not in TRUST_DENOMINATORS:
@@ -115,10 +109,10 @@ class LARS(LayerwiseOptimizer):
                 f"`trust_denominator` must be one of {TRUST_DENOMINATORS}, "
                 f"received {trust_denominator!r}."
             )
-        self.nesterov = nesterov
-        self.classic_momentum = classic_momentum
+        self.nesterov = check_bool("nesterov", nesterov)
+        self.classic_momentum = check_bool("classic_momentum", classic_momentum)
         self.trust_denominator = trust_denominator
-        self.clip_trust_ratio = clip_trust_ratio
+        self.clip_trust_ratio = check_bool("clip_trust_ratio", clip_trust_ratio)
 
     def build(self, variables):
         if self.built:

@@ -16,11 +16,13 @@ Norms are always accumulated in float32: a float16 sum of squares overflows
 at 256 for a layer of a million unit-sized weights.
 """
 
-import numbers
 import re
 
 import keras
 from keras import ops
+
+from keras_lars.validation import check_bool
+from keras_lars.validation import check_number
 
 
 _RANK_ONE_NOTE = "biases, batch-norm gamma/beta"
@@ -101,26 +103,6 @@ def compile_patterns(patterns, argument):
     return compiled
 
 
-def check_number(name, value, above=None, at_least=None, below=None, at_most=None):
-    """Returns float(value); raises ValueError naming `name` if out of range."""
-    limits = [
-        (above, lambda v, b: v > b, ">"),
-        (at_least, lambda v, b: v >= b, ">="),
-        (below, lambda v, b: v < b, "<"),
-        (at_most, lambda v, b: v <= b, "<="),
-    ]
-    wanted = " and ".join(f"{sign} {bound}" for bound, _, sign in limits
-                          if bound is not None)
-    is_number = isinstance(value, numbers.Real) and not isinstance(value, bool)
-    if not is_number or value != value or not all(
-        ok(value, bound) for bound, ok, _ in limits if bound is not None
-    ):
-        raise ValueError(
-            f"`{name}` must be a number {wanted}".rstrip() + f", received {value!r}."
-        )
-    return float(value)
-
-
 class LayerwiseOptimizer(keras.optimizers.Optimizer):
     """Base class of LARS and LAMB: coupled weight decay and exclusions.
 
@@ -175,18 +157,8 @@ class LayerwiseOptimizer(keras.optimizers.Optimizer):
         self._exclude_from_layer_adaptation_arg = _as_list(
             exclude_from_layer_adaptation
         )
-        if not isinstance(exclude_rank_one, bool):
-            raise ValueError(
-                f"`exclude_rank_one` must be True or False, "
-                f"received {exclude_rank_one!r}."
-            )
-        self.exclude_rank_one = exclude_rank_one
-        if not isinstance(record_trust_ratios, bool):
-            raise ValueError(
-                f"`record_trust_ratios` must be True or False, "
-                f"received {record_trust_ratios!r}."
-            )
-        self.record_trust_ratios = record_trust_ratios
+        self.exclude_rank_one = check_bool("exclude_rank_one", exclude_rank_one)
+        self.record_trust_ratios = check_bool("record_trust_ratios", record_trust_ratios)
 
     def _apply_weight_decay(self, variables):
         """No decoupled decay: ours is coupled, inside `update_step`."""

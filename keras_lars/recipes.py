@@ -2,24 +2,15 @@
 
 import dataclasses
 import math
-import numbers
 
 import keras
 
-from keras_lars.layerwise import check_number
 from keras_lars.schedules import WarmupPolyDecay
+from keras_lars.validation import check_bool
+from keras_lars.validation import check_integer
+from keras_lars.validation import check_number
 
 IMAGENET_TRAIN_EXAMPLES = 1281167
-
-
-def _check_count(name, value):
-    if (
-        not isinstance(value, numbers.Integral)
-        or isinstance(value, bool)
-        or value < 1
-    ):
-        raise ValueError(f"`{name}` must be an integer >= 1, received {value!r}.")
-    return int(value)
 
 
 def steps_per_epoch(num_examples, global_batch_size, drop_remainder=True):
@@ -30,12 +21,9 @@ def steps_per_epoch(num_examples, global_batch_size, drop_remainder=True):
 
     (`drop_remainder` as in `tf.data.Dataset.batch`.)
     """
-    num_examples = _check_count("num_examples", num_examples)
-    global_batch_size = _check_count("global_batch_size", global_batch_size)
-    if not isinstance(drop_remainder, bool):
-        raise ValueError(
-            f"`drop_remainder` must be True or False, received {drop_remainder!r}."
-        )
+    num_examples = check_integer("num_examples", num_examples, at_least=1)
+    global_batch_size = check_integer("global_batch_size", global_batch_size, at_least=1)
+    check_bool("drop_remainder", drop_remainder)
     if drop_remainder:
         steps = num_examples // global_batch_size
         if steps == 0:
@@ -69,8 +57,8 @@ def linear_scaling(base_learning_rate, global_batch_size, base_batch_size=256):
     base_learning_rate = check_number(
         "base_learning_rate", base_learning_rate, at_least=0.0
     )
-    global_batch_size = _check_count("global_batch_size", global_batch_size)
-    base_batch_size = _check_count("base_batch_size", base_batch_size)
+    global_batch_size = check_integer("global_batch_size", global_batch_size, at_least=1)
+    base_batch_size = check_integer("base_batch_size", base_batch_size, at_least=1)
     return base_learning_rate * global_batch_size / base_batch_size
 
 
@@ -144,7 +132,7 @@ def resnet50_lars_recipe(global_batch_size):
     counts fractional epochs (1281167 / batch steps each) and warms up from
     rate 0 at step 0; see `WarmupPolyDecay` for the one-step difference.
     """
-    batch = _check_count("global_batch_size", global_batch_size)
+    batch = check_integer("global_batch_size", global_batch_size, at_least=1)
     if batch < 16384:
         peak, warmup = 10.0, 5
     elif batch < 32768:

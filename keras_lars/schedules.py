@@ -4,24 +4,11 @@ This is the one place the curve is written down; `WarmupPolyDecayCallback`
 and the training tool evaluate this schedule, they do not re-implement it.
 """
 
-import numbers
-
 import keras
 from keras import ops
 
-from keras_lars.layerwise import check_number
-
-
-def _check_steps(name, value, at_least):
-    if (
-        not isinstance(value, numbers.Integral)
-        or isinstance(value, bool)
-        or value < at_least
-    ):
-        raise ValueError(
-            f"`{name}` must be an integer >= {at_least}, received {value!r}."
-        )
-    return int(value)
+from keras_lars.validation import check_integer
+from keras_lars.validation import check_number
 
 
 @keras.saving.register_keras_serializable(package="keras_lars")
@@ -75,8 +62,8 @@ class WarmupPolyDecay(keras.optimizers.schedules.LearningRateSchedule):
         self.peak_learning_rate = check_number(
             "peak_learning_rate", peak_learning_rate, at_least=0.0
         )
-        self.warmup_steps = _check_steps("warmup_steps", warmup_steps, 0)
-        self.total_steps = _check_steps("total_steps", total_steps, 1)
+        self.warmup_steps = check_integer("warmup_steps", warmup_steps, 0)
+        self.total_steps = check_integer("total_steps", total_steps, 1)
         if self.warmup_steps > self.total_steps:
             raise ValueError(
                 f"`warmup_steps` ({warmup_steps}) must not exceed "
