@@ -11,6 +11,9 @@ from keras_lars.recipes import linear_scaling
 from keras_lars.recipes import resnet50_lars_recipe
 from keras_lars.recipes import steps_per_epoch
 from keras_lars.schedules import WarmupPolyDecay
+from keras_lars import compat  # Keras/TF workarounds; nothing is patched at import
+from keras_lars import distribute
+from keras_lars.distribute import make_strategy
 
 __version__ = "0.1.0"
 
@@ -26,4 +29,7 @@ __all__ = [
     "steps_per_epoch",
     "epochs_to_steps",
     "linear_scaling",
+    "compat",
+    "distribute",
+    "make_strategy",
 ]

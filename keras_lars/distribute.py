@@ -1,0 +1,258 @@
+"""Distribution strategies for large-batch training (TensorFlow backend).
+
+    strategy = keras_lars.distribute.make_strategy("auto")
+    with strategy.scope():
+        model = ...; model.compile(optimizer=keras_lars.LARS(...), ...)
+    model.fit(dataset, callbacks=[keras_lars.distribute.BackupAndRestore(dir)])
+
+`make_strategy` builds a TPUStrategy, MultiWorkerMirroredStrategy (from
+TF_CONFIG), MirroredStrategy, OneDeviceStrategy or the default strategy,
+and installs `keras_lars.compat` for the strategies whose Keras code paths
+are broken upstream (TPU, Mirrored and MultiWorkerMirrored).
+`BackupAndRestore` is Keras's fault-tolerance callback made chief-aware, so
+workers of one job do not write the same files.
+"""
+
+import json
+import os
+import shutil
+import tempfile
+
+import keras
+
+from keras_lars import compat
+
+KINDS = ("auto", "tpu", "multi_worker", "mirrored", "one_device", "default")
+COLLECTIVE_IMPLEMENTATIONS = ("auto", "ring", "nccl")
+
+
+def _tf():
+    try:
+        import tensorflow as tf
+    except ImportError as error:  # pragma: no cover - depends on the install
+        raise ImportError(
+            "keras_lars.distribute needs TensorFlow; install one distribution "
+            'of it, e.g. pip install "keras-lars[cpu]" (or [tensorflow], [tpu]).'
+        ) from error
+    return tf
+
+
+def parse_tf_config(text=None, variable="TF_CONFIG"):
+    """Parses and validates a TF_CONFIG JSON string (default: the variable).
+
+    Expected shape, e.g. worker 0 of two:
+        {"cluster": {"worker": ["host1:12345", "host2:12345"]},
+         "task": {"type": "worker", "index": 0}}
+    Returns the parsed dict. Raises ValueError naming `variable` and the
+    offending field for a missing variable, bad JSON, a missing or malformed
+    `cluster` or `task`, an unknown task type or an index out of range.
+    """
+    if text is None:
+        text = os.environ.get(variable)
+    if text is None or not text.strip():
+        raise ValueError(
+            f"{variable} is not set: multi-worker training needs it, e.g. "
+            f'{variable}=\'{{"cluster": {{"worker": ["host1:port", "host2:port"]}}, '
+            f'"task": {{"type": "worker", "index": 0}}}}\'.'
+        )
+    try:
+        config = json.loads(text)
+    except json.JSONDecodeError as error:
+        raise ValueError(f"{variable} is not valid JSON ({error}): {text!r}") from None
+    if not isinstance(config, dict):
+        raise ValueError(f"{variable} must be a JSON object, received {text!r}.")
+
+    cluster = config.get("cluster")
+    if not isinstance(cluster, dict) or not cluster:
+        raise ValueError(
+            f"{variable}['cluster'] must be a non-empty object mapping job names "
+            f"to lists of 'host:port' addresses, received {cluster!r}."
+        )
+    for job, addresses in cluster.items():
+        if (
+            not isinstance(addresses, list)
+            or not addresses
+            or not all(isinstance(a, str) and a.rpartition(":")[2].isdigit() for a in addresses)
+        ):
+            raise ValueError(
+                f"{variable}['cluster']['{job}'] must be a non-empty list of "
+                f"'host:port' strings, received {addresses!r}."
+            )
+
+    task = config.get("task")
+    if not isinstance(task, dict):
+        raise ValueError(
+            f"{variable}['task'] must be an object like "
+            f'{{"type": "worker", "index": 0}}, received {task!r}.'
+        )
+    task_type, index = task.get("type"), task.get("index")
+    if task_type not in cluster:
+        raise ValueError(
+            f"{variable}['task']['type'] = {task_type!r} is not a job of "
+            f"{variable}['cluster'] ({sorted(cluster)})."
+        )
+    if not isinstance(index, int) or isinstance(index, bool):
+        raise ValueError(
+            f"{variable}['task']['index'] must be an integer, received {index!r}."
+        )
+    if not 0 <= index < len(cluster[task_type]):
+        raise ValueError(
+            f"{variable}['task']['index'] = {index} is out of range for job "
+            f"'{task_type}' with {len(cluster[task_type])} task(s)."
+        )
+    return config
+
+
+def make_strategy(
+    kind="auto",
+    tpu_address=None,
+    devices=None,
+    collective_implementation="auto",
+    bytes_per_pack=0,
+    timeout_seconds=None,
+    apply_compat=True,
+):
+    """Returns a `tf.distribute.Strategy`.
+
+    Args:
+        kind: one of `KINDS`:
+            "tpu": TPUStrategy on the TPU at `tpu_address` (a name, a
+                grpc:// address or "local" on a TPU VM; None reads the
+                TPU_NAME environment variable / the GCE metadata).
+            "multi_worker": MultiWorkerMirroredStrategy on the cluster of
+                TF_CONFIG (validated by `parse_tf_config`).
+            "mirrored": MirroredStrategy over `devices` (default: all GPUs,
+                else the CPU).
+            "one_device": OneDeviceStrategy on `devices[0]` (default: the
+                first GPU, else the CPU).
+            "default": TensorFlow's default (no-op) strategy.
+            "auto": "tpu" if `tpu_address` or TPU_NAME is set, else
+                "multi_worker" if TF_CONFIG is set, else "mirrored" with
+                several GPUs, else "default".
+        tpu_address: see "tpu".
+        devices: list of device names for "mirrored" / "one_device".
+        collective_implementation: "auto", "ring" (gRPC ring all-reduce)
+            or "nccl" (GPUs) for "multi_worker".
+        bytes_per_pack: int >= 0; "multi_worker" packs gradients into
+            all-reduce chunks of about this size (0: TensorFlow's choice).
+        timeout_seconds: None or > 0, timeout of each collective.
+        apply_compat: install `keras_lars.compat.apply()` for "tpu",
+            "mirrored" and "multi_worker" (see that module for what it
+            fixes; each workaround acts only on the strategies it concerns).
+    """
+    if kind not in KINDS:
+        raise ValueError(f"Unknown strategy `kind` {kind!r}; expected one of {KINDS}.")
+    if collective_implementation not in COLLECTIVE_IMPLEMENTATIONS:
+        raise ValueError(
+            f"`collective_implementation` must be one of {COLLECTIVE_IMPLEMENTATIONS}, "
+            f"received {collective_implementation!r}."
+        )
+    if not isinstance(bytes_per_pack, int) or isinstance(bytes_per_pack, bool) or bytes_per_pack < 0:
+        raise ValueError(f"`bytes_per_pack` must be an integer >= 0, received {bytes_per_pack!r}.")
+    if timeout_seconds is not None and not timeout_seconds > 0:
+        raise ValueError(f"`timeout_seconds` must be None or > 0, received {timeout_seconds!r}.")
+    tf = _tf()
+
+    if kind == "auto":
+        if tpu_address or os.environ.get("TPU_NAME"):
+            kind = "tpu"
+        elif os.environ.get("TF_CONFIG"):
+            kind = "multi_worker"
+        elif len(tf.config.list_logical_devices("GPU")) > 1:
+            kind = "mirrored"
+        else:
+            kind = "default"
+
+    if kind == "tpu":
+        strategy = _tpu_strategy(tf, tpu_address)
+        if apply_compat:  # of the workarounds, only clip_after_all_reduce acts on TPUs
+            compat.apply()
+        return strategy
+    if kind == "default":
+        return tf.distribute.get_strategy()
+    if kind == "one_device":
+        if devices:
+            device = devices[0]
+        else:
+            device = "/gpu:0" if tf.config.list_logical_devices("GPU") else "/cpu:0"
+        return tf.distribute.OneDeviceStrategy(device)
+
+    if kind == "mirrored":
+        if apply_compat:
+            compat.apply()
+        return tf.distribute.MirroredStrategy(devices)
+    parse_tf_config()
+    if apply_compat:
+        compat.apply()
+    implementation = getattr(
+        tf.distribute.experimental.CommunicationImplementation, collective_implementation.upper()
+    )
+    options = tf.distribute.experimental.CommunicationOptions(
+        bytes_per_pack=bytes_per_pack,
+        timeout_seconds=timeout_seconds,
+        implementation=implementation,
+    )
+    return tf.distribute.MultiWorkerMirroredStrategy(communication_options=options)
+
+
+def _tpu_strategy(tf, tpu_address):
+    try:
+        resolver = tf.distribute.cluster_resolver.TPUClusterResolver(tpu=tpu_address)
+    except (ValueError, OSError) as error:
+        raise ValueError(
+            f"Cannot find a TPU from `tpu_address`={tpu_address!r} (None reads "
+            f"TPU_NAME, set to {os.environ.get('TPU_NAME')!r}): {error}"
+        ) from error
+    if tpu_address != "local":
+        tf.config.experimental_connect_to_cluster(resolver)
+    tf.tpu.experimental.initialize_tpu_system(resolver)
+    return tf.distribute.TPUStrategy(resolver)
+
+
+def is_chief(strategy=None):
+    """Whether this process writes shared files (checkpoints, logs): the
+    chief of a multi-worker cluster, or any single-process strategy."""
+    tf = _tf()
+    strategy = strategy or tf.distribute.get_strategy()
+    try:
+        return bool(strategy.extended.should_checkpoint)
+    except (AttributeError, NotImplementedError):
+        return True
+
+
+@keras.saving.register_keras_serializable(package="keras_lars")
+class BackupAndRestore(keras.callbacks.BackupAndRestore):
+    """`keras.callbacks.BackupAndRestore` that is safe with several workers.
+
+    Keras 3's callback has every worker write (and finally delete) the same
+    files in `backup_dir`. Here only the chief writes `backup_dir`; the
+    other workers write their backup to a private temporary directory that
+    is removed right away, and every worker restores from `backup_dir`,
+    which must therefore be on storage all workers read (a shared file
+    system or a bucket). Restarted workers resume at the epoch after the
+    last backup, with the weights, optimizer state and step count of then.
+    Same arguments as Keras's callback.
+    """
+
+    def _save_model(self):
+        if is_chief(self.model.distribute_strategy):
+            return super()._save_model()
+        # A non-chief worker still saves (as it must if saving ever needs
+        # collectives), but where nobody reads, and removes it at once.
+        scratch = tempfile.mkdtemp(prefix="keras_lars_backup_")
+        try:
+            self.model.save_weights(os.path.join(scratch, "latest.weights.h5"))
+        finally:
+            shutil.rmtree(scratch, ignore_errors=True)
+
+    def on_train_end(self, logs=None):
+        if is_chief(self.model.distribute_strategy):
+            super().on_train_end(logs)
+
+    def get_config(self):
+        return {
+            "backup_dir": self.backup_dir,
+            "save_freq": self.save_freq,
+            "double_checkpoint": self.double_checkpoint,
+            "delete_checkpoint": self.delete_checkpoint,
+        }
