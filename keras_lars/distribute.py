@@ -7,8 +7,8 @@
 
 `make_strategy` builds a TPUStrategy, MultiWorkerMirroredStrategy (from
 TF_CONFIG), MirroredStrategy, OneDeviceStrategy or the default strategy,
-and installs `keras_lars.compat` for the strategies whose Keras code paths
-are broken upstream (TPU, Mirrored and MultiWorkerMirrored).
+and installs `keras_lars.compat` for the TPU, Mirrored and
+MultiWorkerMirrored strategies (each workaround acts only where its bug is).
 `BackupAndRestore` is Keras's fault-tolerance callback made chief-aware, so
 workers of one job do not write the same files.
 """

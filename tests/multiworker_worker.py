@@ -156,8 +156,14 @@ def main(argv):
             results["no_metrics_fix"] = _error(lambda: train(strategy))
         with compat.patched(["symbolic_build_batch", "multi_worker_metrics"]):
             results["no_loop_fix"] = _error(lambda: train(strategy, steps_per_execution=4))
-    else:
-        strategy = distribute.make_strategy("multi_worker")
+    else:  # ring all-reduce of gradients packed into 256-byte chunks
+        strategy = distribute.make_strategy(
+            "multi_worker", collective_implementation="ring", bytes_per_pack=256
+        )
+        communication = strategy.extended._communication_options
+        results["communication"] = (
+            f"{communication.implementation.name} {communication.bytes_per_pack}"
+        )
         results["replicas"] = strategy.num_replicas_in_sync
         results["chief"] = distribute.is_chief(strategy)
         if job == "train":

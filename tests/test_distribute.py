@@ -121,6 +121,7 @@ def two_worker_training(tmp_path_factory):
 def test_two_workers_match_single_process_on_the_global_batches(two_worker_training):
     (chief, other), references = two_worker_training
     assert chief["replicas"] == other["replicas"] == 2
+    assert str(chief["communication"]) == "RING 256"  # make_strategy's options reached TF
     assert chief["chief"] and not other["chief"]
     for prefix, reference in [("spe1", references["lars"]), ("sync_bn", references["sync_bn"])]:
         ours = _weights(chief, prefix)
