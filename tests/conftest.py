@@ -20,3 +20,10 @@ _cpus = tf.config.list_physical_devices("CPU")
 tf.config.set_logical_device_configuration(
     _cpus[0], [tf.config.LogicalDeviceConfiguration()] * 2
 )
+
+# Several test files build their own MirroredStrategy; without this each one
+# reuses the first one's collective keys and fails with "Shape mismatch in the
+# collective instance" once the models differ (tensorflow#62790).
+from keras_lars import compat  # noqa: E402
+
+compat.apply(["distinct_collective_keys"])
