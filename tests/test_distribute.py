@@ -86,6 +86,12 @@ class _Workers:
         self.processes[index].send_signal(signal.SIGKILL)
         self.processes[index].wait()
 
+    def kill_running(self):
+        """Leaves no process behind when a test fails early."""
+        for index, process in enumerate(self.processes):
+            if process.poll() is None:
+                self.kill(index)
+
     def results(self):
         deadline = time.monotonic() + WORKER_TIMEOUT
         try:
@@ -109,12 +115,15 @@ def two_worker_training(tmp_path_factory):
     """The "train" job on two workers, and the same training in this process
     (no strategy: one replica sees each whole global batch)."""
     workers = _Workers(tmp_path_factory.mktemp("train"), "train", "train")
-    single = tf.distribute.get_strategy()
-    references = {
-        "lars": worker.train(single)[0].get_weights(),
-        "sync_bn": worker.train(single, batch_norm=True)[0].get_weights(),
-    }
-    return workers.results(), references
+    try:
+        single = tf.distribute.get_strategy()
+        references = {
+            "lars": worker.train(single)[0].get_weights(),
+            "sync_bn": worker.train(single, batch_norm=True)[0].get_weights(),
+        }
+        return workers.results(), references
+    finally:
+        workers.kill_running()
 
 
 @pytest.mark.multiworker
@@ -165,16 +174,20 @@ def test_killed_worker_restarts_from_backup_and_ends_like_uninterrupted_run(
     pause = tmp_path / "paused"
     args = ("--backup-dir", str(backup))
     first = _Workers(tmp_path, "fault", "first", extra_args=(args, args + ("--pause-file", str(pause))))
-    deadline = time.monotonic() + WORKER_TIMEOUT
-    while not pause.exists():  # worker 1 is in epoch 2, after 2 steps
-        assert time.monotonic() < deadline and first.processes[1].poll() is None, first.log_tails()
-        time.sleep(0.2)
-    # Only the chief wrote the backup, of the end of epoch 1 (next epoch: 2).
-    assert sorted(os.listdir(backup)) == ["latest.weights.h5", "training_metadata.json"]
-    assert json.loads((backup / "training_metadata.json").read_text())["epoch"] == 2
-    first.kill(1)  # SIGKILL; the chief then waits forever in an all-reduce
-    first.kill(0)
-    assert [p.returncode for p in first.processes] == [-signal.SIGKILL] * 2
+    try:
+        deadline = time.monotonic() + WORKER_TIMEOUT
+        while not pause.exists():  # worker 1 is in epoch 2, after 2 steps
+            assert time.monotonic() < deadline and first.processes[1].poll() is None, (
+                first.log_tails())
+            time.sleep(0.2)
+        # Only the chief wrote the backup, of the end of epoch 1 (next epoch: 2).
+        assert sorted(os.listdir(backup)) == ["latest.weights.h5", "training_metadata.json"]
+        assert json.loads((backup / "training_metadata.json").read_text())["epoch"] == 2
+        first.kill(1)  # SIGKILL; the chief then waits forever in an all-reduce
+        first.kill(0)
+        assert [p.returncode for p in first.processes] == [-signal.SIGKILL] * 2
+    finally:
+        first.kill_running()
 
     second = _Workers(tmp_path, "fault", "second", extra_args=(args, args))
     for results in second.results():
