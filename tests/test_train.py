@@ -1,0 +1,580 @@
+"""The training tool (tools/train.py), its input pipeline and make_tfrecords.
+
+Programs run as users run them, `python -m tools.train ...` in child
+processes (two at a time where several are needed: tracing a Keras model is
+single-threaded); the pipeline's pieces are called in-process.
+"""
+
+import concurrent.futures
+import hashlib
+import io
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import h5py
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+from absl import flags
+from PIL import Image
+
+import keras_lars
+from tests import train_data
+from tools import checkpoints
+from tools import input_pipeline
+from tools import make_tfrecords
+from tools import train
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TIMEOUT = 300  # seconds per child process; a hang fails the test
+
+
+# --- helpers ---------------------------------------------------------------------
+def tool_command(*args):
+    return [sys.executable, "-m", "tools.train", *args]
+
+
+def run_tool(args, timeout=TIMEOUT):
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
+    return subprocess.run(tool_command(*args), cwd=ROOT, env=env, capture_output=True,
+                          text=True, timeout=timeout)
+
+
+def run_tools(arg_lists, parallel=2):
+    """Runs the tool once per argument list, `parallel` at a time."""
+    with concurrent.futures.ThreadPoolExecutor(parallel) as pool:
+        return list(pool.map(run_tool, arg_lists))
+
+
+def fingerprint(directory):
+    """{relative path: sha256} of every file under `directory`."""
+    found = {}
+    for parent, _, names in os.walk(directory):
+        for name in names:
+            path = os.path.join(parent, name)
+            with open(path, "rb") as f:
+                found[os.path.relpath(path, directory)] = hashlib.sha256(f.read()).hexdigest()
+    return found
+
+
+def h5_arrays(path):
+    arrays = {}
+    with h5py.File(path, "r") as f:
+        f.visititems(lambda name, item: arrays.__setitem__(name, item[()])
+                     if isinstance(item, h5py.Dataset) else None)
+    return arrays
+
+
+def jpeg_bytes(pixels, quality=95):
+    out = io.BytesIO()
+    Image.fromarray(np.asarray(pixels, np.uint8)).save(out, format="JPEG", quality=quality)
+    return out.getvalue()
+
+
+def example(jpeg, label, key="image/encoded"):
+    return tf.train.Example(features=tf.train.Features(feature={
+        key: tf.train.Feature(bytes_list=tf.train.BytesList(value=[jpeg])),
+        "image/class/label": tf.train.Feature(int64_list=tf.train.Int64List(value=[label])),
+    })).SerializeToString()
+
+
+def write_records(path, records):
+    with tf.io.TFRecordWriter(str(path)) as writer:
+        for record in records:
+            writer.write(record)
+
+
+def unnormalize(images):
+    return np.asarray(images) * input_pipeline.STDDEV_RGB + input_pipeline.MEAN_RGB
+
+
+@pytest.fixture(scope="module")
+def records(tmp_path_factory):
+    """240 training and 60 validation colour images, 4 classes, labels 1..4."""
+    return train_data.imagenet_records(str(tmp_path_factory.mktemp("colours")))
+
+
+@pytest.fixture(scope="module")
+def finished_run(tmp_path_factory):
+    """The default run, shortened to 2 epochs, finished: (model_dir, process)."""
+    model_dir = str(tmp_path_factory.mktemp("default") / "run")
+    process = run_tool(["--train_epochs=2", f"--model_dir={model_dir}"])
+    assert process.returncode == 0, process.stderr[-3000:]
+    return model_dir, process
+
+
+# --- the augmentation's geometry ----------------------------------------------------
+def test_train_crop_windows_cover_8_to_100_percent_with_aspect_3_4_to_4_3():
+    height, width = 375, 500
+    areas, aspects = [], []
+    for i in range(300):
+        y, x, h, w = input_pipeline.sample_crop_window(
+            tf.constant([height, width, 3]), tf.constant([7, i], tf.int64)).numpy()
+        assert 0 <= y and 0 <= x and h >= 1 and w >= 1
+        assert y + h <= height and x + w <= width
+        areas.append(h * w / (height * width))
+        aspects.append(w / h)
+        # The sampler rounds the crop's sides to pixels: allow one pixel.
+        assert (w - 1) / (h + 1) <= 4 / 3 and (w + 1) / (h - 1 if h > 1 else 1) >= 3 / 4
+        assert (h + 1) * (w + 1) >= 0.08 * height * width
+    assert min(areas) < 0.2 and max(areas) > 0.8  # the whole range is used
+    assert min(aspects) < 0.85 and max(aspects) > 1.2
+
+
+def test_eval_crop_window_is_the_central_224_of_256_square():
+    for height, width in ((256, 384), (375, 500), (500, 333), (256, 256)):
+        side = int(0.875 * min(height, width))
+        expected = [(height - side + 1) // 2, (width - side + 1) // 2, side, side]
+        window = input_pipeline.central_crop_window(tf.constant([height, width, 3]))
+        assert window.numpy().tolist() == expected
+    assert input_pipeline.central_crop_window(tf.constant([256, 384, 3])).numpy().tolist() \
+        == [16, 80, 224, 224]
+
+
+def test_eval_preprocessing_keeps_exactly_the_central_crop():
+    # A 256x384 image, red outside its central 224 square (rows 16..239,
+    # columns 80..303); inside, 16-pixel bands along the square's edges (top
+    # blue, bottom yellow, left cyan, right magenta) around green. Band
+    # edges fall on JPEG's 16-pixel blocks, so colours do not bleed.
+    colours = {"red": (255, 0, 0), "green": (0, 255, 0), "blue": (0, 0, 255),
+               "yellow": (255, 255, 0), "cyan": (0, 255, 255), "magenta": (255, 0, 255)}
+    pixels = np.zeros((256, 384, 3), np.uint8)
+    pixels[...] = colours["red"]
+    pixels[16:240, 80:304] = colours["green"]
+    pixels[16:32, 80:304] = colours["blue"]
+    pixels[224:240, 80:304] = colours["yellow"]
+    pixels[32:224, 80:96] = colours["cyan"]
+    pixels[32:224, 288:304] = colours["magenta"]
+    image = unnormalize(input_pipeline.preprocess_for_eval(tf.constant(jpeg_bytes(pixels)), 224))
+    assert image.shape == (224, 224, 3)
+    regions = {"blue": image[1:15, 1:-1], "yellow": image[209:223, 1:-1],
+               "cyan": image[17:207, 1:15], "magenta": image[17:207, 209:223],
+               "green": image[17:207, 17:207]}
+    for colour, region in regions.items():
+        assert np.abs(region - colours[colour]).mean() < 12, colour
+    red = np.all(np.abs(image - colours["red"]) < 60, axis=-1)
+    assert not red.any()
+
+
+def test_train_preprocessing_is_the_resized_window_flipped_half_the_time():
+    # Left half black, right half white: a flip is visible in the output.
+    pixels = np.zeros((240, 320, 3), np.uint8)
+    pixels[:, 160:] = 255
+    jpeg = tf.constant(jpeg_bytes(pixels))
+    decoded = tf.io.decode_jpeg(jpeg, channels=3)
+    flipped_count = straight_count = 0
+    for i in range(60):
+        seed = tf.constant([3, i], tf.int64)
+        out = unnormalize(input_pipeline.preprocess_for_train(jpeg, 32, seed))
+        crop_seed, _ = tf.unstack(tf.random.experimental.stateless_split(seed, num=2))
+        y, x, h, w = input_pipeline.sample_crop_window(tf.shape(decoded), crop_seed).numpy()
+        window = tf.image.resize(decoded[y:y + h, x:x + w], [32, 32]).numpy()
+        straight = np.abs(out - window).mean()
+        flipped = np.abs(out - window[:, ::-1]).mean()
+        assert min(straight, flipped) < 3  # the window, resized (maybe flipped)
+        if max(straight, flipped) > 20:  # the window is not left-right symmetric
+            flipped_count += flipped < straight
+            straight_count += straight < flipped
+    assert flipped_count >= 5 and straight_count >= 5
+
+
+# --- records, labels, sharding --------------------------------------------------------
+def test_label_offset_maps_1_based_labels_to_0_based(tmp_path):
+    jpeg = jpeg_bytes(np.full((16, 16, 3), 128))
+    path = tmp_path / "train-00000-of-00001"
+    write_records(path, [example(jpeg, label) for label in (1, 2, 3, 4)])
+    dataset = tf.data.TFRecordDataset(str(path)).map(
+        lambda r: input_pipeline.parse_record(r, 1, 4)[1])
+    assert list(dataset.as_numpy_iterator()) == [0, 1, 2, 3]
+    dataset = tf.data.TFRecordDataset(str(path)).map(
+        lambda r: input_pipeline.parse_record(r, 0, 5)[1])
+    assert list(dataset.as_numpy_iterator()) == [1, 2, 3, 4]
+    # Label 4 with offset 0 and 4 classes is out of range: named with the file.
+    input_pipeline.validate_files([str(path)], 1, 4)
+    write_records(path, [example(jpeg, 4)])
+    with pytest.raises(input_pipeline.DataError, match="train-00000-of-00001.*--label_offset"):
+        input_pipeline.validate_files([str(path)], 0, 4)
+
+
+def test_each_worker_reads_its_own_files_and_evaluates_its_share(records):
+    data = input_pipeline.load("imagenet", records, image_size=16)
+    contexts = [tf.distribute.InputContext(2, i, 2) for i in (0, 1)]
+    shards = [input_pipeline.shard_files(data.info.train_files, c) for c in contexts]
+    assert set(shards[0]).isdisjoint(shards[1])
+    assert sorted(shards[0] + shards[1]) == sorted(data.info.train_files)
+
+    def weighted_images(dataset):
+        found = []
+        for images, _, weights in dataset.as_numpy_iterator():
+            found += [image.tobytes() for image, w in zip(images, weights) if w > 0]
+        return found
+
+    whole = weighted_images(data.eval(8))
+    parts = [weighted_images(data.eval(8, c)) for c in contexts]
+    assert len(whole) == data.info.num_eval == 60
+    assert sorted(parts[0] + parts[1]) == sorted(whole)
+    assert set(parts[0]).isdisjoint(parts[1])
+    # Both workers run the same number of full evaluation steps.
+    counts = [sum(1 for _ in data.eval(8, c)) for c in contexts]
+    assert counts[0] == counts[1]
+
+
+def test_training_batches_are_a_pure_function_of_seed_and_epoch(records):
+    data = input_pipeline.load("imagenet", records, image_size=16, seed=5)
+
+    def first_batches(epoch, data=data):
+        return [x for x, _ in data.train(epoch, 8).take(3).as_numpy_iterator()]
+
+    again = first_batches(1)
+    for a, b in zip(first_batches(1), again):
+        np.testing.assert_array_equal(a, b)
+    assert not np.array_equal(first_batches(2)[0], again[0])
+    other_seed = input_pipeline.load("imagenet", records, image_size=16, seed=6)
+    assert not np.array_equal(first_batches(1, other_seed)[0], again[0])
+    digits = input_pipeline.load("digits")
+    a = [y for _, y in digits.train(3, 64).as_numpy_iterator()]
+    b = [y for _, y in digits.train(3, 64).as_numpy_iterator()]
+    np.testing.assert_array_equal(np.concatenate(a), np.concatenate(b))
+
+
+def test_digits_split_is_fixed_whatever_the_seed():
+    (x_train, y_train), (x_test, y_test) = input_pipeline.load_digits(32)
+    assert len(y_train) == 1438 and len(y_test) == 359  # 1797, a fifth held out
+    assert x_train.shape == (1438, 32, 32, 3)
+    assert sorted(set(y_test.tolist())) == list(range(10))
+    other = input_pipeline.load("digits", image_size=32, seed=9)
+    (_, _), (x_other, y_other) = other.arrays
+    np.testing.assert_array_equal(x_other.numpy(), x_test)
+    np.testing.assert_array_equal(y_other.numpy(), y_test)
+
+
+# --- make_tfrecords -----------------------------------------------------------------
+def test_make_tfrecords_writes_imagenet_format_shards(tmp_path):
+    source = train_data.colour_folders(str(tmp_path / "photos"), per_class=5)
+    out = str(tmp_path / "records")
+    assert make_tfrecords.convert(source, out, "train", num_shards=3) == 20
+    names = sorted(os.listdir(out))
+    assert [n for n in names if n.startswith("train-")] == [
+        f"train-0000{i}-of-00003" for i in range(3)]
+    with open(os.path.join(out, "labels.txt")) as f:
+        assert f.read().split() == ["class_0", "class_1", "class_2", "class_3"]
+    with open(os.path.join(out, "dataset.json")) as f:
+        assert json.load(f) == {"train": 20, "num_classes": 4, "first_label": 1}
+    seen = 0
+    for path in sorted(tf.io.gfile.glob(os.path.join(out, "train-*"))):
+        for record in tf.data.TFRecordDataset(path):
+            features = tf.train.Example.FromString(record.numpy()).features.feature
+            jpeg = features["image/encoded"].bytes_list.value[0]
+            assert jpeg[:2] == b"\xff\xd8"  # PNGs re-encoded as JPEG
+            synset = features["image/class/synset"].bytes_list.value[0].decode()
+            label = features["image/class/label"].int64_list.value[0]
+            assert label == 1 + int(synset.split("_")[1])
+            name = features["image/filename"].bytes_list.value[0].decode()
+            path = os.path.join(source, synset, name)
+            if name.endswith(".jpg"):  # JPEGs are copied byte for byte
+                with open(path, "rb") as f:
+                    assert f.read() == jpeg
+            original = np.asarray(Image.open(path).convert("RGB"), np.float64)
+            decoded = tf.io.decode_jpeg(jpeg).numpy()
+            assert decoded.shape == original.shape
+            np.testing.assert_allclose(decoded.mean(axis=(0, 1)), original.mean(axis=(0, 1)),
+                                       atol=3)
+            seen += 1
+    assert seen == 20
+    # The validation split reuses labels.txt and adds its count.
+    make_tfrecords.convert(source, out, "validation", num_shards=1)
+    with open(os.path.join(out, "dataset.json")) as f:
+        assert json.load(f)["validation"] == 20
+
+
+def test_make_tfrecords_errors_name_the_file_or_folder(tmp_path):
+    source = train_data.colour_folders(str(tmp_path / "photos"), per_class=2)
+    with open(os.path.join(source, "class_1", "broken.jpg"), "wb") as f:
+        f.write(b"not an image")
+    out = str(tmp_path / "records")
+    with pytest.raises(make_tfrecords.ConversionError, match="class_1/broken.jpg"):
+        make_tfrecords.convert(source, out, "train", num_shards=2)
+    assert not [n for n in os.listdir(out) if n.startswith("train-")]  # nothing half-written
+    os.remove(os.path.join(source, "class_1", "broken.jpg"))
+    make_tfrecords.convert(source, out, "train", num_shards=2)
+    os.makedirs(os.path.join(source, "zebra"))
+    Image.new("RGB", (8, 8)).save(os.path.join(source, "zebra", "z.png"))
+    with pytest.raises(make_tfrecords.ConversionError, match="zebra.*labels.txt"):
+        make_tfrecords.convert(source, out, "validation")
+    os.makedirs(tmp_path / "empty" / "class_a")
+    with pytest.raises(make_tfrecords.ConversionError, match="class_a has no images"):
+        make_tfrecords.convert(str(tmp_path / "empty"), str(tmp_path / "r2"))
+    with pytest.raises(make_tfrecords.ConversionError, match="no class folders"):
+        make_tfrecords.convert(str(tmp_path / "empty" / "class_a"), str(tmp_path / "r3"))
+
+
+# --- flags and config -----------------------------------------------------------------
+def parse(*argv):
+    """Config from a command line, through absl's parser."""
+    flags.FLAGS.unparse_flags()
+    flags.FLAGS(["train", *argv])
+    try:
+        values = {name: flags.FLAGS[name].value for name in flags.FLAGS}
+        given = {name for name in flags.FLAGS if flags.FLAGS[name].present}
+        return train.config_from_flags(values, given)
+    finally:
+        flags.FLAGS.unparse_flags()
+
+
+def test_the_default_command_line_is_the_digits_run():
+    config = parse()
+    assert (config.model, config.optimizer, config.dataset) == ("resnet18", "lars", "digits")
+    assert config.image_size == 32 and config.model_dir == os.path.join("runs", "digits")
+    assert config.global_batch_size == 128
+    assert config.peak_learning_rate == pytest.approx(10.0 * 128 / 256)  # linear scaling
+    assert config.strategy == "default" and config.precision == "float32"
+    plan = train.make_plan(config, 1438)
+    assert plan.steps_per_epoch == 1438 // 128 and plan.epochs == config.train_epochs
+    assert plan.warmup_steps == round(config.warmup_epochs * (1438 // 128))
+    assert parse("--dataset=imagenet", "--data_dir=/d").image_size == 224
+
+
+def test_mlperf_recipe_sets_the_published_hyperparameters_and_flags_win():
+    # MLPerf v0.7 ResNet-50 LARS, batch 32768: peak 29, 18 warmup epochs of 64,
+    # momentum 0.929, weight decay 1e-4, label smoothing 0.1.
+    config = parse("--recipe=mlperf", "--global_batch_size=32768", "--dataset=synthetic")
+    assert (config.peak_learning_rate, config.warmup_epochs, config.train_epochs) == (29.0, 18, 64)
+    assert (config.momentum, config.weight_decay, config.label_smoothing) == (0.929, 1e-4, 0.1)
+    config = parse("--recipe=mlperf", "--global_batch_size=4096", "--train_epochs=3",
+                   "--warmup_epochs=1", "--dataset=synthetic")
+    assert (config.peak_learning_rate, config.train_epochs, config.warmup_epochs) == (10.0, 3, 1)
+    config = parse("--recipe=mlperf", "--global_batch_size=4096", "--base_learning_rate=1")
+    assert config.peak_learning_rate == pytest.approx(16.0)
+    with pytest.raises(train.ConfigError, match="--recipe=mlperf.*--optimizer=lamb"):
+        parse("--recipe=mlperf", "--optimizer=lamb")
+
+
+def test_plan_counts_steps_and_rejects_bad_lengths():
+    config = train.Config(global_batch_size=10, train_steps=25, warmup_epochs=0.5)
+    plan = train.make_plan(config, 104)  # 10 steps per epoch
+    assert (plan.steps_per_epoch, plan.total_steps, plan.epochs) == (10, 25, 3)
+    assert [plan.steps_in(e) for e in range(3)] == [10, 10, 5]
+    assert plan.warmup_steps == 5
+    with pytest.raises(train.ConfigError, match="--steps_per_execution=2"):
+        train.make_plan(train.Config(global_batch_size=10, train_steps=25,
+                                     steps_per_execution=2), 104)
+    with pytest.raises(train.ConfigError, match="--warmup_epochs=3"):
+        train.make_plan(train.Config(global_batch_size=10, train_epochs=2, warmup_epochs=3), 104)
+    with pytest.raises(train.ConfigError, match="--global_batch_size=200"):
+        train.make_plan(train.Config(global_batch_size=200), 104)
+    for bad, flag in ((dict(momentum=1.0), "--momentum"), (dict(peak_learning_rate=0.0),
+                      "--base_learning_rate"), (dict(end_learning_rate=-1.0), "--end_learning_rate"),
+                      (dict(trust_coefficient=0.0), "--trust_coefficient"),
+                      (dict(label_smoothing=1.0), "--label_smoothing"),
+                      (dict(dataset="imagenet"), "--data_dir"),
+                      (dict(model="alexnet", sync_batch_norm=True), "--sync_batch_norm"),
+                      (dict(optimizer="sgd", trust_ratio_log_every=5), "--trust_ratio_log_every")):
+        with pytest.raises(train.ConfigError, match=flag):
+            train.Config(**bad)
+
+
+def test_sgd_is_momentum_sgd_with_coupled_weight_decay():
+    # One step from w with gradient g: v = lr * (g + wd * w), w' = w - v, for
+    # every variable of rank > 1, whatever its norm (no trust ratio).
+    config = train.Config(optimizer="sgd", weight_decay=0.1)
+    optimizer = train.create_optimizer(config, 0.5)
+    w = keras.Variable(np.array([[3.0, 4.0]], np.float32))
+    g = np.array([[1.0, -2.0]], np.float32)
+    optimizer.apply([g], [w])
+    np.testing.assert_allclose(w.numpy(), [[3.0, 4.0]] - 0.5 * (g + 0.1 * np.array([[3.0, 4.0]])),
+                               rtol=1e-6)
+
+
+def test_global_batch_must_divide_between_replicas(monkeypatch, tmp_path):
+    monkeypatch.setattr(train, "make_strategy", lambda config: keras_lars.make_strategy(
+        "mirrored", devices=["/cpu:0", "/cpu:1"]))
+    before = os.listdir(tmp_path)
+    with pytest.raises(train.ConfigError, match="--global_batch_size=7.*2 replicas"):
+        train.train_and_evaluate(train.Config(global_batch_size=7, model_dir=str(tmp_path / "r")))
+    assert os.listdir(tmp_path) == before
+
+
+class WeightSum(keras.metrics.Metric):
+    """Sum of the sample weights seen: the number of real examples."""
+
+    def __init__(self, name="examples"):
+        super().__init__(name=name)
+        self.total = self.add_variable(shape=(), initializer="zeros", name="total",
+                                       aggregation="sum")
+
+    def update_state(self, y_true, y_pred, sample_weight=None):
+        weights = keras.ops.ones_like(y_true) if sample_weight is None else sample_weight
+        self.total.assign_add(keras.ops.sum(keras.ops.cast(weights, "float32")))
+
+    def result(self):
+        return self.total
+
+
+def test_two_replicas_train_and_evaluate_padded_batches(monkeypatch, records, tmp_path):
+    monkeypatch.setattr(train, "make_strategy", lambda config: keras_lars.make_strategy(
+        "mirrored", devices=["/cpu:0", "/cpu:1"]))
+    metrics = train.metrics
+    monkeypatch.setattr(train, "metrics", lambda n: metrics(n) + [WeightSum()])
+    config = train.Config(model="alexnet_bn", dataset="imagenet", data_dir=records,
+                          image_size=32, global_batch_size=16, train_epochs=1,
+                          warmup_epochs=0.5, peak_learning_rate=0.5, steps_per_execution=5,
+                          sync_batch_norm=True, model_dir=str(tmp_path / "run"))
+    summary = train.train_and_evaluate(config)
+    assert summary["steps"] == 15 and summary["final"]["steps"] == 15
+    assert summary["final"]["val_examples"] == 60  # each validation image once
+    # The padded, weighted evaluation of two replicas counts each of the 60
+    # validation images once: it equals a plain evaluation of the weights.
+    model = train.create_model(config, 4)
+    model.load_weights(str(tmp_path / "run" / "checkpoints" / "ckpt-0001.weights.h5"),
+                       skip_mismatch=True)
+    data = input_pipeline.load("imagenet", records, image_size=32)
+    images, labels = [], []
+    for x, y in data.eval(16).map(lambda x, y, w: (x, y)).unbatch().take(60):
+        images.append(x.numpy())
+        labels.append(int(y))
+    predicted = model.predict(np.stack(images), verbose=0).argmax(-1)
+    assert summary["final"]["val_accuracy"] == pytest.approx(np.mean(predicted == labels))
+
+
+# --- the program, end to end --------------------------------------------------------
+def test_default_run_writes_checkpoints_logs_and_summary(finished_run):
+    model_dir, process = finished_run
+    final = [line for line in process.stdout.splitlines() if line.startswith("final:")]
+    assert len(final) == 1 and "val_accuracy=" in final[0] and "model=resnet18" in final[0]
+    assert "Epoch 2/2" in process.stdout
+    with open(os.path.join(model_dir, "summary.json")) as f:
+        summary = json.load(f)
+    assert summary["epochs"] == 2 and summary["steps"] == 2 * (1438 // 128)
+    assert [h["epoch"] for h in summary["history"]] == [1, 2]
+    assert summary["final"]["steps"] == summary["steps"]
+    assert 0.0 <= summary["final"]["val_accuracy"] <= 1.0
+    assert summary["final"]["learning_rate"] == pytest.approx(1e-4)  # end of the decay
+    assert checkpoints.epochs_saved(os.path.join(model_dir, "checkpoints")) == [1, 2]
+    events = [n for _, _, names in os.walk(os.path.join(model_dir, "logs")) for n in names
+              if n.startswith("events.out.tfevents")]
+    assert events
+
+
+def test_every_model_trains_on_generated_tfrecords(records, tmp_path):
+    common = ["--dataset=imagenet", f"--data_dir={records}", "--image_size=32",
+              "--global_batch_size=8", "--warmup_epochs=0"]
+    runs = {  # the deep ResNets eagerly: tracing ResNet-152 alone takes ~30 s
+        "resnet18": ["--train_epochs=3", "--global_batch_size=16", "--warmup_epochs=1",
+                     "--trust_ratio_log_every=10", "--label_smoothing=0.1"],
+        "alexnet": ["--train_steps=2"],
+        "alexnet_bn": ["--train_steps=2", "--optimizer=lamb", "--base_learning_rate=0.01"],
+        "resnet34": ["--train_steps=2", "--run_eagerly", "--optimizer=nesterov"],
+        "resnet50": ["--train_steps=2", "--run_eagerly", "--optimizer=sgd"],
+        "resnet101": ["--train_steps=2", "--run_eagerly", "--noeval"],
+        "resnet152": ["--train_steps=2", "--run_eagerly", "--noeval"],
+    }
+    order = ["resnet152", "resnet18", "resnet101", "resnet50", "alexnet_bn", "resnet34", "alexnet"]
+    processes = run_tools([common + [f"--model={m}", f"--model_dir={tmp_path / m}"] + runs[m]
+                           for m in order])
+    for model, process in zip(order, processes):
+        assert process.returncode == 0, (model, process.stderr[-3000:])
+        with open(tmp_path / model / "summary.json") as f:
+            summary = json.load(f)
+        assert summary["config"]["model"] == model
+        assert np.isfinite(summary["final"]["loss"])
+        expected_steps = 45 if model == "resnet18" else 2
+        assert summary["final"]["steps"] == summary["steps"] == expected_steps
+    with open(tmp_path / "resnet18" / "summary.json") as f:
+        assert json.load(f)["final"]["val_accuracy"] >= 0.9  # the colour is learnt
+    trust_logs = tmp_path / "resnet18" / "logs" / "trust_ratios"
+    assert any(n.startswith("events.out.tfevents") for n in os.listdir(trust_logs))
+
+
+def test_rerun_after_kill_resumes_and_ends_as_an_uninterrupted_run(tmp_path):
+    # AlexNet-BN has dropout: the resumed run must also draw the same masks.
+    args = ["--model=alexnet_bn", "--train_epochs=3", "--warmup_epochs=1",
+            "--global_batch_size=64", "--base_learning_rate=4"]
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
+    whole, killed = tmp_path / "whole", tmp_path / "killed"
+    uninterrupted = subprocess.Popen(tool_command(*args, f"--model_dir={whole}"), cwd=ROOT,
+                                     env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    victim = subprocess.Popen(tool_command(*args, f"--model_dir={killed}"), cwd=ROOT, env=env,
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    first = killed / "checkpoints" / "ckpt-0001.weights.h5"
+    deadline = time.time() + TIMEOUT
+    while not first.exists() and victim.poll() is None and time.time() < deadline:
+        time.sleep(0.05)
+    victim.send_signal(signal.SIGKILL)
+    victim.wait()
+    assert first.exists() and not (killed / "summary.json").exists()
+    saved = checkpoints.epochs_saved(str(killed / "checkpoints"))
+    assert saved[-1] < 3  # killed before the end
+    resumed = run_tool(args + [f"--model_dir={killed}"])
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert f"resuming {killed} after epoch {saved[-1]}" in resumed.stdout
+    assert uninterrupted.wait(TIMEOUT) == 0, uninterrupted.stdout.read()[-3000:]
+
+    summaries = []
+    for directory in (whole, killed):
+        with open(directory / "summary.json") as f:
+            summaries.append(json.load(f))
+    metric_keys = ("loss", "accuracy", "val_loss", "val_accuracy", "learning_rate", "steps")
+    assert summaries[0]["final"] == summaries[1]["final"]
+    for a, b in zip(summaries[0]["history"], summaries[1]["history"]):
+        assert {k: a[k] for k in metric_keys} == {k: b[k] for k in metric_keys}
+    weights = [h5_arrays(d / "checkpoints" / "ckpt-0003.weights.h5") for d in (whole, killed)]
+    assert weights[0].keys() == weights[1].keys() and len(weights[0]) > 20
+    for name in weights[0]:
+        np.testing.assert_array_equal(weights[0][name], weights[1][name], err_msg=name)
+
+
+def test_bad_input_is_one_line_naming_the_flag_or_file(finished_run, records, tmp_path):
+    model_dir, _ = finished_run
+    before = fingerprint(model_dir)
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    jpeg = jpeg_bytes(np.full((24, 24, 3), 90))
+    garbage = tmp_path / "garbage"
+    garbage.mkdir()
+    (garbage / "train-00000-of-00001").write_bytes(b"\x00not a tfrecord at all" * 10)
+    write_records(garbage / "validation-00000-of-00001", [example(jpeg, 1)])
+    other = tmp_path / "other_format"
+    other.mkdir()
+    write_records(other / "train-00000-of-00001", [example(jpeg, 1, key="image/raw")])
+    write_records(other / "validation-00000-of-00001", [example(jpeg, 1)])
+    middle = tmp_path / "bad_middle"  # first records fine, record 5 not a JPEG
+    middle.mkdir()
+    write_records(middle / "train-00000-of-00001",
+                  [example(jpeg, 1 + i % 2) if i != 5 else example(b"\xff\xd8 broken", 1)
+                   for i in range(12)])
+    write_records(middle / "validation-00000-of-00001", [example(jpeg, 1)])
+    imagenet = ["--dataset=imagenet", "--image_size=16", "--global_batch_size=4",
+                "--warmup_epochs=0", "--num_classes=2", "--model=alexnet",
+                "--train_examples=12", "--eval_examples=1", "--train_steps=3"]
+    cases = [
+        (["--model=vgg16"], "--model=vgg16", "resnet18|resnet34"),
+        (["--optimizer=adam"], "--optimizer=adam", "lars|lamb|sgd|nesterov"),
+        (["--strategy=horovod"], "--strategy=horovod", "default|mirrored|multi_worker|tpu"),
+        (imagenet + [f"--data_dir={empty}"], f"--data_dir={empty}", "train-*"),
+        (imagenet + [f"--data_dir={garbage}"], "garbage/train-00000-of-00001", "TFRecord"),
+        (imagenet + [f"--data_dir={other}"], "other_format/train-00000-of-00001",
+         "ImageNet-format"),
+        (imagenet + [f"--data_dir={middle}", f"--model_dir={tmp_path / 'm'}"],
+         "bad_middle/train-00000-of-00001: record 5", "JPEG"),
+        (["--base_learning_rate=0"], "--base_learning_rate=0", "> 0"),
+        (["--base_learning_rate=-2", "--optimizer=sgd"], "--base_learning_rate=-2", "> 0"),
+        (["--warmup_epochs=20", "--train_epochs=3"], "--warmup_epochs=20", "longer"),
+        (["--model=alexnet"], "--model", "other settings"),  # into the finished run
+        (["--train_steps=3", "--steps_per_execution=2", "--train_epochs=1"],
+         "--steps_per_execution=2", "divide"),
+    ]
+    processes = run_tools([args + ([] if any(a.startswith("--model_dir") for a in args)
+                                   else [f"--model_dir={model_dir}"]) for args, _, _ in cases])
+    for (args, culprit, detail), process in zip(cases, processes):
+        assert process.returncode != 0, args
+        assert "Traceback" not in process.stderr, (args, process.stderr[-3000:])
+        lines = [line for line in process.stderr.splitlines()
+                 if line.startswith(("error:", "FATAL Flags parsing error:"))]
+        assert len(lines) == 1, (args, process.stderr[-3000:])
+        assert culprit in lines[0] and detail in lines[0], (args, lines[0])
+    assert fingerprint(model_dir) == before  # nothing in the model dir lost or changed

@@ -1,0 +1,41 @@
+"""Small generated image data sets for the training-tool tests.
+
+Class k of `colour_folders` is a colour (COLOURS[k]) with noise, so that a
+network learns it from any crop or flip; images have random sizes and are
+saved as PNG or JPEG alternately, so tools/make_tfrecords.py re-encodes some.
+"""
+
+import os
+
+import numpy as np
+from PIL import Image
+
+COLOURS = ((220, 40, 40), (40, 200, 60), (50, 60, 220), (230, 210, 40))
+
+
+def colour_folders(root, per_class, seed=0, classes=len(COLOURS)):
+    """Writes root/class_<k>/<i>.png|jpg; returns root."""
+    rng = np.random.default_rng(seed)
+    for k in range(classes):
+        folder = os.path.join(root, f"class_{k}")
+        os.makedirs(folder, exist_ok=True)
+        for i in range(per_class):
+            height, width = rng.integers(40, 72, size=2)
+            noise = rng.normal(0, 25, size=(height, width, 3))
+            pixels = np.clip(np.array(COLOURS[k]) + noise, 0, 255).astype("uint8")
+            extension = "png" if i % 2 else "jpg"
+            Image.fromarray(pixels).save(os.path.join(folder, f"{i}.{extension}"))
+    return str(root)
+
+
+def imagenet_records(root, train_per_class=60, eval_per_class=15, num_shards=4):
+    """Class folders converted to ImageNet-format shards in root/records
+    (labels 1..4); returns that directory."""
+    from tools import make_tfrecords
+
+    records = os.path.join(root, "records")
+    make_tfrecords.convert(colour_folders(os.path.join(root, "train"), train_per_class),
+                           records, "train", num_shards)
+    make_tfrecords.convert(colour_folders(os.path.join(root, "val"), eval_per_class, seed=1),
+                           records, "validation", 2)
+    return records
