@@ -27,18 +27,23 @@ parsed only in main(); everything below it takes the frozen Config.
 """
 
 import os
+import sys
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+os.environ.setdefault("KERAS_BACKEND", "tensorflow")
+try:
+    import tensorflow as tf
+except ImportError:
+    sys.exit('error: the training tool needs TensorFlow: pip install -e ".[cpu,tools]" '
+             "(or .[tensorflow], .[tpu]).")
 
 import dataclasses  # noqa: E402
 import importlib.util  # noqa: E402
 import json  # noqa: E402
 import math  # noqa: E402
-import sys  # noqa: E402
 import time  # noqa: E402
 
 import keras  # noqa: E402
-import tensorflow as tf  # noqa: E402
 from absl import app  # noqa: E402
 from absl import flags  # noqa: E402
 
@@ -621,6 +626,9 @@ def write_summary(config, plan, state, wall_seconds, strategy=None):
 def main(argv):
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
+    if keras.backend.backend() != "tensorflow":
+        sys.exit(f"error: the training tool runs on Keras's TensorFlow backend; "
+                 f"KERAS_BACKEND is {keras.backend.backend()!r}: unset it or set it to tensorflow.")
     values = {name: flags.FLAGS[name].value for name in flags.FLAGS}
     given = {name for name in flags.FLAGS if flags.FLAGS[name].present}
     try:
