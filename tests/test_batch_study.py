@@ -1,0 +1,249 @@
+"""The large-batch study (tools/batch_study.py): a tiny sweep end to end,
+reuse of finished cells, cell keys, rates, aggregation and bad flags."""
+
+import csv
+import dataclasses
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+from absl import flags
+from PIL import Image
+
+from tests import train_data
+from tools import batch_study
+from tools import input_pipeline
+from tools import train
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+TINY = ["--image_size=8", "--train_epochs=1", "--warmup_epochs=0", "--batch_sizes=512,full",
+        "--optimizers=sgd,lars", "--seeds=1"]
+
+
+def parse(*argv):
+    flags.FLAGS(["batch_study", *argv])
+    try:
+        values = {name: flags.FLAGS[name].value for name in flags.FLAGS}
+        given = {name for name in flags.FLAGS if flags.FLAGS[name].present}
+        return batch_study.study_from_flags(values, given)
+    finally:
+        flags.FLAGS.unparse_flags()
+
+
+def read_csv(path):
+    with open(path) as f:
+        return list(csv.DictReader(f))
+
+
+def read_json(path):
+    with open(path) as f:
+        return json.load(f)
+
+
+def store_lines(study_dir):
+    with open(os.path.join(study_dir, "cells.jsonl")) as f:
+        return f.read().splitlines()
+
+
+def test_tiny_sweep_writes_tables_and_plot_and_reuses_finished_cells(tmp_path, monkeypatch):
+    trainings = []
+    real = train.train_and_evaluate
+
+    def counting(config):
+        trainings.append((config.optimizer, config.global_batch_size))
+        return real(config)
+
+    monkeypatch.setattr(train, "train_and_evaluate", counting)
+    study_dir = str(tmp_path / "study")
+    num_train = input_pipeline.load("digits", image_size=8).info.num_train
+    batches = (512, num_train)
+    base = {"sgd": 0.1, "lars": 2.5}  # the defaults, linear scaling
+
+    batch_study.run(parse(*TINY, f"--study_dir={study_dir}"))
+    assert sorted(trainings) == sorted((o, b) for o in base for b in batches)
+
+    rows = read_csv(os.path.join(study_dir, "cells.csv"))
+    assert len(rows) == 4
+    assert {(r["optimizer"], int(r["batch_size"]), int(r["seed"])) for r in rows} == {
+        (o, b, 0) for o in base for b in batches}
+    for row in rows:
+        batch = int(row["batch_size"])
+        assert 0.0 <= float(row["test_accuracy"]) <= 1.0
+        assert 0.0 <= float(row["train_accuracy"]) <= 1.0
+        assert np.isfinite(float(row["test_loss"])) and float(row["wall_seconds"]) > 0
+        # One epoch: floor(N / B) optimizer steps, counted by the optimizer.
+        assert int(row["steps"]) == num_train // batch == int(row["steps_per_epoch"])
+        assert int(row["epochs"]) == 1 and int(row["warmup_steps"]) == 0
+        assert float(row["peak_learning_rate"]) == pytest.approx(
+            base[row["optimizer"]] * batch / 256)
+        assert row["full_batch"] == str(batch == num_train)
+    cells = read_json(os.path.join(study_dir, "cells.json"))
+    assert cells["study"]["train_examples"] == num_train
+    assert cells["study"]["batch_sizes"] == list(batches)
+    assert [{k: str(v) for k, v in r.items()} for r in cells["rows"]] == rows
+
+    aggregate = read_csv(os.path.join(study_dir, "aggregate.csv"))
+    assert len(aggregate) == 4
+    by_cell = {(r["optimizer"], r["batch_size"]): r for r in rows}
+    for row in aggregate:
+        cell = by_cell[(row["optimizer"], row["batch_size"])]
+        assert int(row["seeds"]) == 1 and float(row["test_accuracy_std"]) == 0.0
+        assert float(row["test_accuracy_mean"]) == float(cell["test_accuracy"])
+    assert len(read_json(os.path.join(study_dir, "aggregate.json"))["rows"]) == 4
+
+    png = os.path.join(study_dir, "accuracy_vs_batch.png")
+    with open(png, "rb") as f:
+        assert f.read(8) == PNG_SIGNATURE
+    with Image.open(png) as image:
+        image.verify()
+    with Image.open(png) as image:
+        assert image.format == "PNG" and min(image.size) > 100
+    assert len(store_lines(study_dir)) == 4
+
+    # The same command again: nothing is trained, the tables are the same.
+    _, trained = batch_study.run(parse(*TINY, f"--study_dir={study_dir}"))
+    assert trained == [] and len(trainings) == 4
+    assert read_csv(os.path.join(study_dir, "cells.csv")) == rows
+    assert len(store_lines(study_dir)) == 4
+
+    # Another SGD rate changes the SGD cell's config: it runs again, LARS's does not.
+    batch_study.run(parse(*TINY, f"--study_dir={study_dir}", "--batch_sizes=full",
+                          "--base_learning_rates=sgd=0.2"))
+    assert trainings[4:] == [("sgd", num_train)]
+    changed = {r["optimizer"]: r for r in read_csv(os.path.join(study_dir, "cells.csv"))}
+    assert changed.keys() == {"sgd", "lars"}
+    assert float(changed["sgd"]["peak_learning_rate"]) == pytest.approx(0.2 * num_train / 256)
+    assert changed["sgd"]["key"] != by_cell[("sgd", str(num_train))]["key"]
+    assert changed["lars"] == by_cell[("lars", str(num_train))]
+    assert len(store_lines(study_dir)) == 5
+
+
+def test_peak_rates_follow_each_rule():
+    assert batch_study.peak_learning_rate(0.1, "linear", 1024) == pytest.approx(0.4)
+    assert batch_study.peak_learning_rate(0.01, "sqrt", 1024) == pytest.approx(0.02)
+    assert batch_study.peak_learning_rate(0.01, "sqrt", 64) == pytest.approx(0.005)
+    assert batch_study.peak_learning_rate(3.0, "none", 64) == 3.0
+    study = parse("--lr_scaling=lars=sqrt", "--base_learning_rates=lamb=0.04")
+    assert study.rates == {"sgd": (0.1, "linear"), "nesterov": (0.1, "linear"),
+                           "lars": (2.5, "sqrt"), "lamb": (0.04, "sqrt")}
+    cells = batch_study.make_cells(study, 1024)
+    assert len(cells) == 4 * 4 * 3  # optimizers x (32, 128, 512, full) x seeds
+    peaks = {(c.optimizer, c.batch_size): c.config.peak_learning_rate for c in cells}
+    assert peaks[("lars", 1024)] == pytest.approx(5.0)
+    assert peaks[("lamb", 32)] == pytest.approx(0.04 * (32 / 256) ** 0.5)
+    assert peaks[("sgd", 32)] == pytest.approx(0.1 / 8)
+
+
+def test_study_defaults_and_keys_cover_the_whole_config():
+    study = parse()
+    cells = batch_study.make_cells(study, 1438)
+    config = cells[0].config
+    assert (config.image_size, config.train_epochs, config.warmup_epochs) == (16, 10, 2.0)
+    assert parse("--image_size=24", "--train_epochs=4").shared["train_epochs"] == 4
+    assert len({c.key for c in cells}) == len(cells)
+    assert [c.batch_size for c in cells[:4]] == [32, 128, 512, 1438]
+    assert all(c.config.model_dir.startswith(os.path.join(study.study_dir, "cells"))
+               for c in cells)
+    key = cells[0].key
+    assert batch_study.cell_key(dataclasses.replace(config, model_dir="elsewhere")) == key
+    for field, value in (("weight_decay", 0.0), ("momentum", 0.8), ("train_epochs", 11),
+                         ("model", "resnet34"), ("image_size", 8), ("label_smoothing", 0.1)):
+        assert batch_study.cell_key(dataclasses.replace(config, **{field: value})) != key, field
+
+
+def test_aggregate_is_mean_and_sample_std_over_seeds():
+    accuracies = {("lars", 32): [0.9, 0.8, 0.95], ("sgd", 32): [0.5, 0.7, 0.6],
+                  ("lars", 64): [0.25]}
+    rows = [{"optimizer": o, "batch_size": b, "seed": s, "test_accuracy": a, "test_loss": 1.0 + s,
+             "steps": 10, "peak_learning_rate": 0.1, "full_batch": False, "wall_seconds": 2.0}
+            for (o, b), values in accuracies.items() for s, a in enumerate(values)]
+    found = {(r["optimizer"], r["batch_size"]): r for r in batch_study.aggregate(rows)}
+    assert found.keys() == accuracies.keys()
+    for cell, values in accuracies.items():
+        mean = sum(values) / len(values)
+        std = (sum((v - mean) ** 2 for v in values) / (len(values) - 1)) ** 0.5 \
+            if len(values) > 1 else 0.0
+        assert found[cell]["test_accuracy_mean"] == pytest.approx(mean)
+        assert found[cell]["test_accuracy_std"] == pytest.approx(std)
+        assert (found[cell]["test_accuracy_min"], found[cell]["test_accuracy_max"]) == (
+            min(values), max(values))
+        assert found[cell]["seeds"] == len(values)
+    assert found[("lars", 32)]["test_loss_mean"] == pytest.approx(2.0)
+
+
+def test_store_ignores_a_torn_last_line(tmp_path):
+    path = str(tmp_path / "cells.jsonl")
+    batch_study.append_record(path, {"key": "a", "row": {"x": 1}})
+    batch_study.append_record(path, {"key": "b", "row": {"x": 2}})
+    with open(path, "a") as f:
+        f.write('{"key": "c", "row": {"x"')  # killed while appending
+    assert {k: r["row"]["x"] for k, r in batch_study.load_store(path).items()} == {"a": 1, "b": 2}
+    assert batch_study.load_store(str(tmp_path / "missing.jsonl")) == {}
+
+
+@pytest.mark.parametrize("argv, culprit", [
+    (["--batch_sizes=32,0"], "--batch_sizes"),
+    (["--batch_sizes=32,big"], "--batch_sizes"),
+    (["--batch_sizes="], "--batch_sizes"),
+    (["--optimizers=sgd,adam"], "--optimizers"),
+    (["--optimizers=sgd,sgd"], "--optimizers"),
+    (["--seeds=0"], "--seeds=0"),
+    (["--base_learning_rates=sgd=-1"], "--base_learning_rates"),
+    (["--base_learning_rates=sgd=fast"], "--base_learning_rates"),
+    (["--base_learning_rates=adam=0.1"], "--base_learning_rates"),
+    (["--lr_scaling=lars=cubic"], "--lr_scaling"),
+    (["--lr_scaling=lars"], "--lr_scaling"),
+    (["--study_dir="], "--study_dir"),
+    (["--optimizer=lars"], "--optimizer is set per cell"),
+    (["--global_batch_size=64"], "--global_batch_size is set per cell"),
+    (["--base_learning_rate=1"], "--base_learning_rate is set per cell"),
+    (["--seed=3"], "--seed is set per cell"),
+    (["--model_dir=x"], "--model_dir is set per cell"),
+    (["--momentum=1.5"], "--momentum=1.5"),
+    (["--dataset=imagenet"], "--data_dir"),
+])
+def test_bad_flags_name_the_flag(argv, culprit):
+    with pytest.raises(train.ConfigError, match=culprit):
+        parse(*argv)
+
+
+def test_bad_batch_plans_are_refused_before_training():
+    for argv, culprit in ((["--batch_sizes=32,2048"], "--batch_sizes=32,2048: 2048 exceeds"),
+                          (["--batch_sizes=1438,full"], "--batch_sizes=1438,full"),
+                          (["--warmup_epochs=20", "--train_epochs=3"], "--warmup_epochs=20")):
+        with pytest.raises(train.ConfigError, match=culprit):
+            batch_study.make_cells(parse(*argv), 1438)
+
+
+def test_command_line_error_is_one_line(tmp_path):
+    study_dir = tmp_path / "study"
+    process = subprocess.run(
+        [sys.executable, "-m", "tools.batch_study", "--batch_sizes=64,4096",
+         f"--study_dir={study_dir}"],
+        cwd=ROOT, env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"), capture_output=True,
+        text=True, timeout=300)
+    assert process.returncode != 0
+    assert "Traceback" not in process.stderr, process.stderr[-3000:]
+    lines = [line for line in process.stderr.splitlines() if line.startswith("error:")]
+    assert lines == ["error: --batch_sizes=64,4096: 4096 exceeds the 1438 training examples "
+                     "(an epoch would have no step)."], process.stderr[-3000:]
+    assert not study_dir.exists()
+
+
+def test_a_tfrecord_dataset_sweeps_up_to_its_whole_training_set(tmp_path):
+    records = train_data.imagenet_records(str(tmp_path), train_per_class=10, eval_per_class=3)
+    study_dir = str(tmp_path / "study")
+    rows, trained = batch_study.run(parse(
+        "--dataset=imagenet", f"--data_dir={records}", "--image_size=8", "--train_epochs=2",
+        "--warmup_epochs=0", "--optimizers=lamb", "--batch_sizes=full", "--seeds=1",
+        f"--study_dir={study_dir}"))
+    # 4 classes x 10 training images: one step of 40 per epoch.
+    assert len(trained) == 1 and len(rows) == 1
+    assert (rows[0]["batch_size"], rows[0]["steps"], rows[0]["full_batch"]) == (40, 2, True)
+    assert rows[0]["peak_learning_rate"] == pytest.approx(0.01 * (40 / 256) ** 0.5)
+    assert 0.0 <= rows[0]["test_accuracy"] <= 1.0
+    assert read_json(os.path.join(study_dir, "cells.json"))["study"]["dataset"] == "imagenet"
