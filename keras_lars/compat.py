@@ -1,4 +1,5 @@
-"""The one place for workarounds of Keras / TensorFlow distribution bugs.
+"""The one place for workarounds of Keras / TensorFlow bugs (most of them
+in distributed training).
 
 Nothing is patched at import. One documented call installs every
 workaround that the installed versions need:
@@ -7,7 +8,8 @@ workaround that the installed versions need:
     keras_lars.compat.apply()          # or: with keras_lars.compat.patched(): ...
 
 `keras_lars.distribute.make_strategy` calls it for the strategies that need
-it. `apply()` is idempotent; `unapply()` restores Keras's own code, and
+it (on one device, call it yourself: `iterations_after_data` concerns every
+strategy). `apply()` is idempotent; `unapply()` restores Keras's own code, and
 `unpatched()` runs a block on Keras's own code (tests use it to show each
 bug's symptom).
 
@@ -24,10 +26,13 @@ TensorFlow backend only and are skipped on the others.
 | steps_per_execution_loop | keras#19246                           | steps_per_execution > 1 under (MultiWorker)MirroredStrategy: "You must feed a value for placeholder tensor" |
 | clip_after_all_reduce    | tensorflow#33929 (Keras 3 behaviour)  | keras_lars optimizers with clipnorm/global_clipnorm/clipvalue under several replicas clip each replica's partial gradient before the all-reduce |
 | distinct_collective_keys | tensorflow#62790                      | a second MirroredStrategy in one process training another model: "Shape mismatch in the collective instance 100" |
+| mean_batch_norm_statistics | keras#20601 (related), no BatchNormalization issue | BatchNormalization(synchronized=False) under several replicas: each replica keeps its own moving statistics, get_weights()/saving keep replica 0's |
+| iterations_after_data    | no upstream issue found               | a dataset of unknown cardinality: optimizer.iterations (and the learning-rate schedule) one step ahead per epoch |
 """
 
 import contextlib
 import dataclasses
+import functools
 import itertools
 import re
 from typing import Callable
@@ -290,6 +295,120 @@ def _install_distinct_collective_keys():
     return _swap(extended, "_make_collective_ops_with_fallbacks", _make_collective_ops_with_fallbacks)
 
 
+# --- moving statistics of unsynchronized batch norm under several replicas ----
+_STATISTICS = ("moving_mean", "moving_variance", "moving_stddev", "renorm_mean", "renorm_stddev")
+
+
+def _install_mean_batch_norm_statistics():
+    """Keras 3 creates a BatchNormalization's moving statistics with
+    aggregation "none", so under a strategy with several replicas and
+    `synchronized=False` each replica updates its own copy from its own
+    batches: the copies drift apart, and get_weights(), saving and
+    checkpoints keep replica 0's copy only. TF-Keras 2 created them
+    synchronized on read with aggregation MEAN, and so does the patch
+    (moving_mean, moving_variance and the renorm statistics of layers built
+    under a strategy with more than one replica; `synchronized=True` layers,
+    whose copies are equal anyway, and single-replica builds are left alone).
+
+    Semantics: in a training step replica r updates its own copy m_r as on
+    one device, m_r <- momentum * m_r + (1 - momentum) * mean(batch_r),
+    with no communication. Reading from outside the steps (get_weights,
+    numpy(), saving .keras / .weights.h5, tf.train.Checkpoint) gives
+    (1/R) sum_r m_r, which (the update being linear) is the moving average
+    of the replicas' mean batch statistics. Assigning or restoring from
+    outside sets every copy to the value. `evaluate()` and `predict()`
+    first set every copy to that mean, so that they use the statistics a
+    saved model has (TF-Keras 2 used each replica's copy there, cf.
+    tensorflow#46488); this leaves the mean, and so training, unchanged.
+    Under MultiWorkerMirroredStrategy reading the mean is a collective:
+    every worker must save (read) together, as the chief-aware savers of
+    keras_lars do."""
+    import tensorflow as tf
+    from keras.src.layers.normalization.batch_normalization import BatchNormalization
+
+    original = BatchNormalization.build
+
+    def on_read(next_creator, **kwargs):
+        if kwargs.get("name") in _STATISTICS:
+            kwargs["synchronization"] = tf.VariableSynchronization.ON_READ
+            kwargs["aggregation"] = tf.VariableAggregation.MEAN
+        return next_creator(**kwargs)
+
+    def build(self, input_shape):
+        if self.synchronized or tf.distribute.get_strategy().num_replicas_in_sync == 1:
+            return original(self, input_shape)
+        with tf.variable_creator_scope(on_read):
+            original(self, input_shape)
+        for name in _STATISTICS:  # Keras's own record (and a deferred creation) agree
+            variable = getattr(self, name, None)
+            if variable is not None:
+                variable._synchronization, variable._aggregation = "on_read", "mean"
+
+    def statistics(model):
+        for layer in model._flatten_layers():
+            if isinstance(layer, BatchNormalization):
+                for name in _STATISTICS:
+                    variable = getattr(layer, name, None)
+                    if variable is not None and variable.synchronization == "on_read":
+                        yield variable
+
+    def averaging_copies_first(run):
+        @functools.wraps(run)
+        def method(self, *args, **kwargs):
+            for variable in statistics(self):  # read: the mean; assign: every copy
+                variable.assign(variable.value.read_value())
+            return run(self, *args, **kwargs)
+
+        return method
+
+    trainer_class = _trainer_module().TensorFlowTrainer
+    undo = [_swap(BatchNormalization, "build", build)]
+    for name in ("evaluate", "predict"):
+        method = averaging_copies_first(getattr(trainer_class, name))
+        undo.append(_swap(trainer_class, name, method))
+
+    def undo_all():
+        for step in reversed(undo):
+            step()
+
+    return undo_all
+
+
+# --- optimizer.iterations counted once more at the end of a finite dataset ----
+def _install_iterations_after_data():
+    """When a dataset of unknown cardinality (a filter, TFRecordDataset, ...)
+    ends, Keras learns it from the OutOfRangeError of `get_next()` in the
+    train function. The step's ops that do not depend on the batch, above
+    all the optimizer's `iterations.assign_add(1)`, may already have run
+    by then (the step function is inlined into the one that calls
+    `get_next`): the count gains one per epoch though no update is
+    applied, and a learning-rate schedule runs one step ahead per epoch.
+    This concerns every strategy with steps_per_execution=1, and the first
+    step of each execution of `steps_per_execution_loop` (Keras's own loop
+    for steps_per_execution > 1 reads batches as Optionals and is exact).
+    The patch runs the train step under a control dependency on the
+    batch's tensors, so that nothing of a step runs without its batch.
+    Only the scheduling changes; the numbers a step computes do not."""
+    import tensorflow as tf
+
+    trainer_class = _trainer_module().TensorFlowTrainer
+
+    def make_train_function(self, force=False):
+        if self.train_function is not None and not force:
+            return self.train_function
+        train_step = self.train_step
+
+        def step_after_data(data):
+            tensors = [t for t in tf.nest.flatten(data, expand_composites=True) if tf.is_tensor(t)]
+            with tf.control_dependencies(tensors):
+                return train_step(data)
+
+        self.train_function = self._make_function(step_after_data)
+        return self.train_function
+
+    return _swap(trainer_class, "make_train_function", make_train_function)
+
+
 WORKAROUNDS = (
     Workaround(
         "symbolic_build_batch", "keras#20585, tensorflow#72388",
@@ -304,6 +423,14 @@ WORKAROUNDS = (
     Workaround(
         "distinct_collective_keys", "tensorflow#62790", _install_distinct_collective_keys,
         package="tensorflow", since=(2, 0),
+    ),
+    Workaround(
+        "mean_batch_norm_statistics",
+        "keras#20601 (Keras 3 creates no on-read variables); no BatchNormalization issue found",
+        _install_mean_batch_norm_statistics,
+    ),
+    Workaround(
+        "iterations_after_data", "no upstream issue found", _install_iterations_after_data,
     ),
 )
 
