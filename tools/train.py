@@ -524,12 +524,6 @@ def train_and_evaluate(config):
             f"--global_batch_size={config.global_batch_size} is not divisible by "
             f"the {replicas} replicas of --strategy={config.strategy}."
         )
-    if replicas > 1 and not config.sync_batch_norm and config.model != "alexnet":
-        # Keras 3 keeps a BatchNormalization's moving statistics per replica
-        # (aggregation "none"): without synchronized batch norm the replicas'
-        # copies drift apart and a checkpoint keeps one of them.
-        print("warning: several replicas without --sync_batch_norm: each replica "
-              "keeps its own batch-norm moving statistics.", file=sys.stderr)
     data = input_pipeline.load(
         config.dataset, config.data_dir, config.image_size, config.num_classes,
         config.label_offset, config.seed, config.train_examples, config.eval_examples,
