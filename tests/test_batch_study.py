@@ -5,9 +5,8 @@ import csv
 import dataclasses
 import json
 import os
-import subprocess
-import sys
 
+import keras
 import numpy as np
 import pytest
 from absl import flags
@@ -18,7 +17,6 @@ from tools import batch_study
 from tools import input_pipeline
 from tools import train
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 TINY = ["--image_size=8", "--train_epochs=1", "--warmup_epochs=0", "--batch_sizes=512,full",
         "--optimizers=sgd,lars", "--seeds=1"]
@@ -72,9 +70,9 @@ def test_tiny_sweep_writes_tables_and_plot_and_reuses_finished_cells(tmp_path, m
         (o, b, 0) for o in base for b in batches}
     for row in rows:
         batch = int(row["batch_size"])
-        assert 0.0 <= float(row["test_accuracy"]) <= 1.0
-        assert 0.0 <= float(row["train_accuracy"]) <= 1.0
-        assert np.isfinite(float(row["test_loss"])) and float(row["wall_seconds"]) > 0
+        for metric in ("test_accuracy", "test_accuracy_precise_bn", "train_accuracy"):
+            assert 0.0 <= float(row[metric]) <= 1.0, metric
+        assert np.isfinite(float(row["test_loss_precise_bn"])) and float(row["wall_seconds"]) > 0
         # One epoch: floor(N / B) optimizer steps, counted by the optimizer.
         assert int(row["steps"]) == num_train // batch == int(row["steps_per_epoch"])
         assert int(row["epochs"]) == 1 and int(row["warmup_steps"]) == 0
@@ -91,8 +89,10 @@ def test_tiny_sweep_writes_tables_and_plot_and_reuses_finished_cells(tmp_path, m
     by_cell = {(r["optimizer"], r["batch_size"]): r for r in rows}
     for row in aggregate:
         cell = by_cell[(row["optimizer"], row["batch_size"])]
-        assert int(row["seeds"]) == 1 and float(row["test_accuracy_std"]) == 0.0
-        assert float(row["test_accuracy_mean"]) == float(cell["test_accuracy"])
+        assert int(row["seeds"]) == 1
+        for metric in ("test_accuracy", "test_accuracy_precise_bn"):
+            assert float(row[f"{metric}_std"]) == 0.0
+            assert float(row[f"{metric}_mean"]) == float(cell[metric])
     assert len(read_json(os.path.join(study_dir, "aggregate.json"))["rows"]) == 4
 
     png = os.path.join(study_dir, "accuracy_vs_batch.png")
@@ -110,16 +110,25 @@ def test_tiny_sweep_writes_tables_and_plot_and_reuses_finished_cells(tmp_path, m
     assert read_csv(os.path.join(study_dir, "cells.csv")) == rows
     assert len(store_lines(study_dir)) == 4
 
-    # Another SGD rate changes the SGD cell's config: it runs again, LARS's does not.
-    batch_study.run(parse(*TINY, f"--study_dir={study_dir}", "--batch_sizes=full",
-                          "--base_learning_rates=sgd=0.2"))
-    assert trainings[4:] == [("sgd", num_train)]
-    changed = {r["optimizer"]: r for r in read_csv(os.path.join(study_dir, "cells.csv"))}
-    assert changed.keys() == {"sgd", "lars"}
-    assert float(changed["sgd"]["peak_learning_rate"]) == pytest.approx(0.2 * num_train / 256)
-    assert changed["sgd"]["key"] != by_cell[("sgd", str(num_train))]["key"]
-    assert changed["lars"] == by_cell[("lars", str(num_train))]
-    assert len(store_lines(study_dir)) == 5
+    # Another SGD rate changes the SGD cells' configs: those, and only those,
+    # run again (a stand-in records the cells it is asked to train).
+    asked = []
+    typed = {(r["optimizer"], r["batch_size"]): r for r in cells["rows"]}
+
+    def stand_in(cell, data):
+        asked.append(cell)
+        row = dict(typed[(cell.optimizer, cell.batch_size)], key=cell.key)
+        return {"key": cell.key, "row": row, "config": {}, "history": []}
+
+    monkeypatch.setattr(batch_study, "run_cell", stand_in)
+    _, trained = batch_study.run(parse(*TINY, f"--study_dir={study_dir}",
+                                       "--base_learning_rates=sgd=0.2"))
+    assert [(c.optimizer, c.batch_size) for c in asked] == [("sgd", b) for b in batches]
+    assert trained == [c.key for c in asked]
+    assert all(c.config.peak_learning_rate == pytest.approx(0.2 * c.batch_size / 256)
+               for c in asked)
+    assert not {c.key for c in asked} & {r["key"] for r in rows}
+    assert len(store_lines(study_dir)) == 6 and len(trainings) == 4
 
 
 def test_peak_rates_follow_each_rule():
@@ -158,21 +167,33 @@ def test_study_defaults_and_keys_cover_the_whole_config():
 def test_aggregate_is_mean_and_sample_std_over_seeds():
     accuracies = {("lars", 32): [0.9, 0.8, 0.95], ("sgd", 32): [0.5, 0.7, 0.6],
                   ("lars", 64): [0.25]}
-    rows = [{"optimizer": o, "batch_size": b, "seed": s, "test_accuracy": a, "test_loss": 1.0 + s,
-             "steps": 10, "peak_learning_rate": 0.1, "full_batch": False, "wall_seconds": 2.0}
+    rows = [{"optimizer": o, "batch_size": b, "seed": s, "test_accuracy": a,
+             "test_accuracy_precise_bn": 1.0 - a / 2, "train_accuracy": a / 4,
+             "test_loss": 1.0 + s, "test_loss_precise_bn": 2.0 * s, "steps": 10,
+             "peak_learning_rate": 0.1, "full_batch": False, "wall_seconds": 2.0 + s}
             for (o, b), values in accuracies.items() for s, a in enumerate(values)]
     found = {(r["optimizer"], r["batch_size"]): r for r in batch_study.aggregate(rows)}
     assert found.keys() == accuracies.keys()
-    for cell, values in accuracies.items():
+
+    def mean_std(values):
         mean = sum(values) / len(values)
-        std = (sum((v - mean) ** 2 for v in values) / (len(values) - 1)) ** 0.5 \
-            if len(values) > 1 else 0.0
-        assert found[cell]["test_accuracy_mean"] == pytest.approx(mean)
-        assert found[cell]["test_accuracy_std"] == pytest.approx(std)
-        assert (found[cell]["test_accuracy_min"], found[cell]["test_accuracy_max"]) == (
-            min(values), max(values))
+        if len(values) == 1:
+            return mean, 0.0
+        return mean, (sum((v - mean) ** 2 for v in values) / (len(values) - 1)) ** 0.5
+
+    for cell, values in accuracies.items():
+        for metric, seen in (("test_accuracy", values),
+                             ("test_accuracy_precise_bn", [1.0 - v / 2 for v in values])):
+            mean, std = mean_std(seen)
+            assert found[cell][f"{metric}_mean"] == pytest.approx(mean)
+            assert found[cell][f"{metric}_std"] == pytest.approx(std)
+            assert found[cell][f"{metric}_min"] == pytest.approx(min(seen))
+            assert found[cell][f"{metric}_max"] == pytest.approx(max(seen))
+        assert found[cell]["train_accuracy_mean"] == pytest.approx(mean_std(values)[0] / 4)
         assert found[cell]["seeds"] == len(values)
     assert found[("lars", 32)]["test_loss_mean"] == pytest.approx(2.0)
+    assert found[("lars", 32)]["test_loss_precise_bn_mean"] == pytest.approx(2.0)
+    assert found[("lars", 32)]["wall_seconds_mean"] == pytest.approx(3.0)
 
 
 def test_store_ignores_a_torn_last_line(tmp_path):
@@ -221,29 +242,52 @@ def test_bad_batch_plans_are_refused_before_training():
 
 def test_command_line_error_is_one_line(tmp_path):
     study_dir = tmp_path / "study"
-    process = subprocess.run(
-        [sys.executable, "-m", "tools.batch_study", "--batch_sizes=64,4096",
-         f"--study_dir={study_dir}"],
-        cwd=ROOT, env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"), capture_output=True,
-        text=True, timeout=300)
-    assert process.returncode != 0
-    assert "Traceback" not in process.stderr, process.stderr[-3000:]
-    lines = [line for line in process.stderr.splitlines() if line.startswith("error:")]
-    assert lines == ["error: --batch_sizes=64,4096: 4096 exceeds the 1438 training examples "
-                     "(an epoch would have no step)."], process.stderr[-3000:]
+    flags.FLAGS(["batch_study", "--batch_sizes=64,4096", f"--study_dir={study_dir}"])
+    try:
+        with pytest.raises(SystemExit) as exit_info:
+            batch_study.main(["batch_study"])
+    finally:
+        flags.FLAGS.unparse_flags()
+    assert exit_info.value.code == ("error: --batch_sizes=64,4096: 4096 exceeds the 1438 "
+                                    "training examples (an epoch would have no step).")
     assert not study_dir.exists()
 
 
 def test_a_tfrecord_dataset_sweeps_up_to_its_whole_training_set(tmp_path):
-    records = train_data.imagenet_records(str(tmp_path), train_per_class=10, eval_per_class=3)
+    records = train_data.imagenet_records(str(tmp_path), train_per_class=8, eval_per_class=2)
     study_dir = str(tmp_path / "study")
     rows, trained = batch_study.run(parse(
-        "--dataset=imagenet", f"--data_dir={records}", "--image_size=8", "--train_epochs=2",
+        "--dataset=imagenet", f"--data_dir={records}", "--image_size=8", "--train_epochs=1",
         "--warmup_epochs=0", "--optimizers=lamb", "--batch_sizes=full", "--seeds=1",
         f"--study_dir={study_dir}"))
-    # 4 classes x 10 training images: one step of 40 per epoch.
+    # 4 classes x 8 training images (dataset.json): one step of 32 per epoch.
     assert len(trained) == 1 and len(rows) == 1
-    assert (rows[0]["batch_size"], rows[0]["steps"], rows[0]["full_batch"]) == (40, 2, True)
-    assert rows[0]["peak_learning_rate"] == pytest.approx(0.01 * (40 / 256) ** 0.5)
-    assert 0.0 <= rows[0]["test_accuracy"] <= 1.0
+    assert (rows[0]["batch_size"], rows[0]["steps"], rows[0]["full_batch"]) == (32, 1, True)
+    assert rows[0]["peak_learning_rate"] == pytest.approx(0.01 * (32 / 256) ** 0.5)
+    for metric in ("test_accuracy", "test_accuracy_precise_bn"):
+        assert 0.0 <= rows[0][metric] <= 1.0
     assert read_json(os.path.join(study_dir, "cells.json"))["study"]["dataset"] == "imagenet"
+
+
+def test_precise_bn_sets_moving_statistics_to_the_average_of_batch_statistics():
+    rng = np.random.default_rng(0)
+    inputs = keras.Input((3,))
+    normalized = keras.layers.BatchNormalization(momentum=0.9, epsilon=1e-5)(inputs)
+    outputs = keras.layers.BatchNormalization(momentum=0.9)(keras.layers.Dense(2)(normalized))
+    model = keras.Model(inputs, outputs)
+    batches = [rng.normal(k, 1 + k, size=(8, 3)).astype("float32") for k in range(3)]
+    assert batch_study.recalibrate_batch_norm(model, iter(batches)) == 2
+    first, second = [layer for layer in model.layers
+                     if isinstance(layer, keras.layers.BatchNormalization)]
+    np.testing.assert_allclose(first.moving_mean.numpy(),
+                               np.mean([b.mean(0) for b in batches], 0), rtol=1e-5)
+    np.testing.assert_allclose(first.moving_variance.numpy(),
+                               np.mean([b.var(0) for b in batches], 0), rtol=1e-5)
+    # The second layer sees the first one's training-mode output, through Dense.
+    kernel, bias = (v.numpy() for v in model.layers[2].weights)
+    dense = [((b - b.mean(0)) / np.sqrt(b.var(0) + 1e-5)) @ kernel + bias for b in batches]
+    np.testing.assert_allclose(second.moving_mean.numpy(),
+                               np.mean([d.mean(0) for d in dense], 0), rtol=1e-4, atol=1e-6)
+    np.testing.assert_allclose(second.moving_variance.numpy(),
+                               np.mean([d.var(0) for d in dense], 0), rtol=1e-4)
+    assert first.momentum == second.momentum == 0.9

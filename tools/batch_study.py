@@ -26,6 +26,14 @@ at batch 128 on digits (README, "Large-batch study"); Nesterov takes SGD's.
 Nothing is tuned per batch size: the question is whether a rule chosen once
 holds as the batch grows.
 
+Each cell reports two test accuracies: the tool's (the network as trained,
+batch norm using its moving averages) and one with "precise BN" (Wu & Johnson
+2021): the last checkpoint with every batch-norm layer's statistics
+re-estimated on training images. With a fixed epoch budget the largest
+batches take only a few steps, after which the moving averages (momentum 0.9)
+still hold much of their initial values; the second number separates what
+the optimizer reached from that lag.
+
 Every other setting is a flag of tools/train.py shared by all cells (--model,
 --dataset, --data_dir, --image_size, --momentum, --weight_decay, ...); the
 study's own defaults: --train_epochs=10, --warmup_epochs=2 and, on digits,
@@ -75,6 +83,7 @@ import keras  # noqa: E402
 import numpy as np  # noqa: E402
 
 import keras_lars  # noqa: E402
+from tools import checkpoints  # noqa: E402
 from tools import input_pipeline  # noqa: E402
 
 DEFAULT_RATES = {"sgd": 0.1, "nesterov": 0.1, "lars": 2.5, "lamb": 0.01}
@@ -84,6 +93,11 @@ REFERENCE_BATCH = 256
 STUDY_DEFAULTS = {"train_epochs": 10, "warmup_epochs": 2.0}
 DIGITS_IMAGE_SIZE = 16
 FULL = "full"
+# Part of every cell's key: bump it when what a cell measures changes, so
+# that stored cells measured the old way are not reused.
+PROTOCOL = 2
+RECALIBRATION_BATCH = 256
+RECALIBRATION_EXAMPLES = 8192
 # Flags of tools/train.py that the study sets per cell, with what to use instead.
 PER_CELL_FLAGS = {
     "optimizer": "--optimizers",
@@ -242,9 +256,10 @@ def peak_learning_rate(base, rule, batch_size):
 
 
 def cell_key(config):
-    """A hash of every field of `config` but its model dir."""
+    """A hash of every field of `config` but its model dir, and PROTOCOL."""
     fields = dataclasses.asdict(config)
     fields.pop("model_dir")
+    fields["study_protocol"] = PROTOCOL
     text = json.dumps(fields, sort_keys=True)
     return hashlib.sha256(text.encode()).hexdigest()[:20]
 
@@ -314,9 +329,60 @@ def append_record(path, record):
         os.fsync(f.fileno())
 
 
-def run_cell(cell, num_train):
-    """Trains one cell (or resumes it) with the training tool; its record.
-    The tool's output goes to the cell's train.log."""
+def _sublayers(layer):
+    for sub in getattr(layer, "layers", ()):
+        yield sub
+        yield from _sublayers(sub)
+
+
+def recalibrate_batch_norm(model, batches):
+    """Re-estimates the moving statistics of every batch-norm layer of `model`
+    from `batches` (images), as precise BN does (Wu & Johnson 2021): with the
+    per-batch means m_k and (biased) variances v_k of each layer's input over
+    the K batches,
+
+        moving_mean = (1/K) sum_k m_k,    moving_variance = (1/K) sum_k v_k,
+
+    accumulated by a training-mode forward pass of batch k with momentum
+    k / (k + 1). Returns the number of layers recalibrated."""
+    layers = [layer for layer in _sublayers(model)
+              if isinstance(layer, keras.layers.BatchNormalization)]
+    momentum = [layer.momentum for layer in layers]
+    try:
+        for k, images in enumerate(batches if layers else ()):
+            for layer in layers:
+                layer.momentum = k / (k + 1)
+            model(images, training=True)
+    finally:
+        for layer, value in zip(layers, momentum):
+            layer.momentum = value
+    return len(layers)
+
+
+def precise_bn_evaluation(config, data):
+    """(test accuracy, test loss) of the run's last checkpoint after
+    `recalibrate_batch_norm` on training batches (RECALIBRATION_BATCH images,
+    at most RECALIBRATION_EXAMPLES in all). After only a few steps the moving
+    averages (momentum 0.9) still hold much of their initial values (0.9^10
+    = 35% after 10 steps), which the tool's test accuracy measures along with
+    the weights."""
+    # Restored, never stepped: any schedule will do (a float rate would add a
+    # variable that the checkpoint's optimizer lacks).
+    stand_in = keras_lars.WarmupPolyDecay(config.peak_learning_rate, 0, 1)
+    model = train.compiled_model(config, data.info.num_classes, stand_in)
+    checkpoints.restore(model, os.path.join(config.model_dir, "checkpoints"))
+    batch = min(RECALIBRATION_BATCH, data.info.num_train)
+    steps = max(1, min(data.info.num_train, RECALIBRATION_EXAMPLES) // batch)
+    recalibrate_batch_norm(model, (images for images, _ in data.train(0, batch).take(steps)))
+    results = model.evaluate(data.eval(batch), steps=data.eval_steps(batch), verbose=0,
+                             return_dict=True)
+    return results["accuracy"], results["loss"]
+
+
+def run_cell(cell, data):
+    """Trains one cell (or resumes it) with the training tool, then
+    evaluates it with precise BN; its record. The tool's output goes to the
+    cell's train.log."""
     os.makedirs(cell.config.model_dir, exist_ok=True)
     started = time.time()
     with open(os.path.join(cell.config.model_dir, "train.log"), "a") as log:
@@ -324,15 +390,20 @@ def run_cell(cell, num_train):
             summary = train.train_and_evaluate(cell.config)
     wall = time.time() - started
     keras.backend.clear_session()
+    precise_accuracy, precise_loss = precise_bn_evaluation(cell.config, data)
+    keras.backend.clear_session()
     gc.collect()
     shutil.rmtree(os.path.join(cell.config.model_dir, "checkpoints"), ignore_errors=True)
     final = summary["final"]
+    num_train = data.info.num_train
     row = {
         "optimizer": cell.optimizer,
         "batch_size": cell.batch_size,
         "seed": cell.seed,
         "test_accuracy": final["val_accuracy"],
         "test_loss": final["val_loss"],
+        "test_accuracy_precise_bn": precise_accuracy,
+        "test_loss_precise_bn": precise_loss,
         "train_accuracy": final["accuracy"],
         "train_loss": final["loss"],
         "steps": int(final["steps"]),  # the optimizer's iterations at the end
@@ -353,39 +424,41 @@ def run_cell(cell, num_train):
 
 
 # --- tables and plot ---------------------------------------------------------------------
-ROW_FIELDS = ("optimizer", "batch_size", "seed", "test_accuracy", "test_loss", "train_accuracy",
+ROW_FIELDS = ("optimizer", "batch_size", "seed", "test_accuracy", "test_loss",
+              "test_accuracy_precise_bn", "test_loss_precise_bn", "train_accuracy",
               "train_loss", "steps", "epochs", "steps_per_epoch", "warmup_steps",
               "peak_learning_rate", "full_batch", "wall_seconds", "key")
-AGGREGATE_FIELDS = ("optimizer", "batch_size", "seeds", "test_accuracy_mean",
-                    "test_accuracy_std", "test_accuracy_min", "test_accuracy_max",
-                    "test_loss_mean", "steps", "peak_learning_rate", "full_batch",
-                    "wall_seconds_mean")
+ACCURACIES = ("test_accuracy", "test_accuracy_precise_bn")
+AGGREGATE_FIELDS = ("optimizer", "batch_size", "seeds",
+                    *(f"{m}_{s}" for m in ACCURACIES for s in ("mean", "std", "min", "max")),
+                    "train_accuracy_mean", "test_loss_mean", "test_loss_precise_bn_mean",
+                    "steps", "peak_learning_rate", "full_batch", "wall_seconds_mean")
 
 
 def aggregate(rows):
-    """One row per (optimizer, batch size), in first-seen order: mean, sample
-    standard deviation (ddof=1; 0 for one seed), min and max of the test
-    accuracy over seeds; mean test loss (nan if a seed diverged) and wall time."""
+    """One row per (optimizer, batch size), in first-seen order: for both
+    test accuracies the mean, sample standard deviation (ddof=1; 0 for one
+    seed), min and max over seeds; means of the training accuracy, the test
+    losses (nan if a seed diverged) and the wall time."""
     groups = {}
     for row in rows:
         groups.setdefault((row["optimizer"], row["batch_size"]), []).append(row)
     found = []
     for (optimizer, batch), group in groups.items():
-        accuracy = np.array([r["test_accuracy"] for r in group], dtype=np.float64)
-        found.append({
-            "optimizer": optimizer,
-            "batch_size": batch,
-            "seeds": len(group),
-            "test_accuracy_mean": float(accuracy.mean()),
-            "test_accuracy_std": float(accuracy.std(ddof=1)) if len(group) > 1 else 0.0,
-            "test_accuracy_min": float(accuracy.min()),
-            "test_accuracy_max": float(accuracy.max()),
-            "test_loss_mean": float(np.mean([r["test_loss"] for r in group])),
-            "steps": group[0]["steps"],
-            "peak_learning_rate": group[0]["peak_learning_rate"],
-            "full_batch": group[0]["full_batch"],
-            "wall_seconds_mean": float(np.mean([r["wall_seconds"] for r in group])),
-        })
+        entry = {"optimizer": optimizer, "batch_size": batch, "seeds": len(group)}
+        for metric in ACCURACIES:
+            values = np.array([r[metric] for r in group], dtype=np.float64)
+            entry.update({
+                f"{metric}_mean": float(values.mean()),
+                f"{metric}_std": float(values.std(ddof=1)) if len(group) > 1 else 0.0,
+                f"{metric}_min": float(values.min()),
+                f"{metric}_max": float(values.max()),
+            })
+        for metric in ("train_accuracy", "test_loss", "test_loss_precise_bn", "wall_seconds"):
+            entry[f"{metric}_mean"] = float(np.mean([r[metric] for r in group]))
+        entry.update(steps=group[0]["steps"], peak_learning_rate=group[0]["peak_learning_rate"],
+                     full_batch=group[0]["full_batch"])
+        found.append(entry)
     return found
 
 
@@ -422,35 +495,40 @@ def write_table(stem, fields, rows, header):
 
 def plot(aggregated, path, title, num_train):
     """Test accuracy (mean, error bars = std over seeds) against batch size
-    on a log axis, one line per optimizer; written with Matplotlib's Agg
+    on a log axis, one line per optimizer: as the tool measures it (batch-norm
+    moving averages) and with precise BN; written with Matplotlib's Agg
     canvas (no display, no global backend switch)."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
-    figure = Figure(figsize=(7, 4.5), dpi=100)
+    figure = Figure(figsize=(11, 4.6), dpi=100)
     FigureCanvasAgg(figure)
-    axes = figure.add_subplot()
+    panels = figure.subplots(1, 2, sharey=True)
     optimizers = list(dict.fromkeys(row["optimizer"] for row in aggregated))
     batches = sorted({row["batch_size"] for row in aggregated})
-    for i, optimizer in enumerate(optimizers):
-        rows = sorted((r for r in aggregated if r["optimizer"] == optimizer),
-                      key=lambda r: r["batch_size"])
-        # A small horizontal offset per optimizer keeps the error bars apart.
-        shift = 2 ** (0.05 * (i - (len(optimizers) - 1) / 2))
-        axes.errorbar([r["batch_size"] * shift for r in rows],
-                      [r["test_accuracy_mean"] for r in rows],
-                      yerr=[r["test_accuracy_std"] for r in rows],
-                      marker="o", capsize=3, label=optimizer)
-    axes.set_xscale("log")
-    axes.set_xticks(batches)
-    axes.set_xticklabels([f"{b}\n(full)" if b == num_train else str(b) for b in batches])
-    axes.minorticks_off()
-    axes.set_xlabel("global batch size (log scale)")
-    axes.set_ylabel("test accuracy")
-    axes.set_ylim(0, 1.02)
-    axes.grid(True, alpha=0.3)
-    axes.legend(title="optimizer")
-    axes.set_title(title, fontsize=9)
+    subtitles = ("test accuracy (batch-norm moving averages)",
+                 "test accuracy, batch-norm statistics re-estimated (precise BN)")
+    for axes, metric, subtitle in zip(panels, ACCURACIES, subtitles):
+        for i, optimizer in enumerate(optimizers):
+            rows = sorted((r for r in aggregated if r["optimizer"] == optimizer),
+                          key=lambda r: r["batch_size"])
+            # A small horizontal offset per optimizer keeps the error bars apart.
+            shift = 2 ** (0.05 * (i - (len(optimizers) - 1) / 2))
+            axes.errorbar([r["batch_size"] * shift for r in rows],
+                          [r[f"{metric}_mean"] for r in rows],
+                          yerr=[r[f"{metric}_std"] for r in rows],
+                          marker="o", capsize=3, label=optimizer)
+        axes.set_xscale("log")
+        axes.set_xticks(batches)
+        axes.set_xticklabels([f"{b}\n(full)" if b == num_train else str(b) for b in batches])
+        axes.minorticks_off()
+        axes.set_xlabel("global batch size (log scale)")
+        axes.set_title(subtitle, fontsize=9)
+        axes.set_ylim(0, 1.02)
+        axes.grid(True, alpha=0.3)
+    panels[0].set_ylabel("test accuracy")
+    panels[0].legend(title="optimizer", loc="lower left")
+    figure.suptitle(title, fontsize=10)
     figure.tight_layout()
     _replace(path, lambda f: figure.savefig(f, format="png"), mode="wb")
 
@@ -501,7 +579,6 @@ def run(study):
         config.dataset, config.data_dir, config.image_size, config.num_classes,
         config.label_offset, config.seed, config.train_examples, config.eval_examples)
     num_train = data.info.num_train
-    del data
     cells = make_cells(study, num_train)
     os.makedirs(study.study_dir, exist_ok=True)
     store_path = os.path.join(study.study_dir, "cells.jsonl")
@@ -514,13 +591,14 @@ def run(study):
             continue
         print(f"{where}: peak rate {cell.config.peak_learning_rate:.4g}, "
               f"{cell.plan.total_steps} steps ...", flush=True)
-        record = run_cell(cell, num_train)
+        record = run_cell(cell, data)
         append_record(store_path, record)
         records[cell.key] = record
         trained.append(cell.key)
         row = record["row"]
         print(f"{where}: test_accuracy={row['test_accuracy']:.4f} "
-              f"test_loss={row['test_loss']:.4f} steps={row['steps']} "
+              f"(precise BN {row['test_accuracy_precise_bn']:.4f}) "
+              f"train_accuracy={row['train_accuracy']:.4f} steps={row['steps']} "
               f"({row['wall_seconds']:.0f} s)", flush=True)
         write_outputs(study, cells, records, num_train)
     write_outputs(study, cells, records, num_train)
@@ -534,8 +612,6 @@ def main(argv):
         raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
     values = {name: flags.FLAGS[name].value for name in flags.FLAGS}
     given = {name for name in flags.FLAGS if flags.FLAGS[name].present}
-    # Every cell builds a new model, which TensorFlow reports as "retracing".
-    train.tf.get_logger().setLevel("ERROR")
     try:
         run(study_from_flags(values, given))
     except (ConfigError, input_pipeline.DataError) as error:
@@ -543,4 +619,6 @@ def main(argv):
 
 
 if __name__ == "__main__":
+    # Every cell builds a new model, which TensorFlow reports as "retracing".
+    train.tf.get_logger().setLevel("ERROR")
     app.run(main)
