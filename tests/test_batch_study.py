@@ -25,8 +25,7 @@ TINY = ["--image_size=8", "--train_epochs=1", "--warmup_epochs=0", "--batch_size
 def parse(*argv):
     flags.FLAGS(["batch_study", *argv])
     try:
-        values = {name: flags.FLAGS[name].value for name in flags.FLAGS}
-        given = {name for name in flags.FLAGS if flags.FLAGS[name].present}
+        values, given = train.parsed_flags()
         return batch_study.study_from_flags(values, given)
     finally:
         flags.FLAGS.unparse_flags()

@@ -319,8 +319,7 @@ def parse(*argv):
     flags.FLAGS.unparse_flags()
     flags.FLAGS(["train", *argv])
     try:
-        values = {name: flags.FLAGS[name].value for name in flags.FLAGS}
-        given = {name for name in flags.FLAGS if flags.FLAGS[name].present}
+        values, given = train.parsed_flags()
         return train.config_from_flags(values, given)
     finally:
         flags.FLAGS.unparse_flags()
@@ -430,8 +429,7 @@ def test_two_replicas_train_and_evaluate_padded_batches(monkeypatch, records, tm
     # The padded, weighted evaluation of two replicas counts each of the 60
     # validation images once: it equals a plain evaluation of the weights.
     model = train.create_model(config, 4)
-    model.load_weights(str(tmp_path / "run" / "checkpoints" / "ckpt-0001.weights.h5"),
-                       skip_mismatch=True)
+    model.load_weights(str(tmp_path / "run" / "checkpoints" / "ckpt-0001.weights.h5"))
     data = input_pipeline.load("imagenet", records, image_size=32)
     images, labels = [], []
     for x, y in data.eval(16).map(lambda x, y, w: (x, y)).unbatch().take(60):

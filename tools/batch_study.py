@@ -610,8 +610,7 @@ def run(study):
 def main(argv):
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
-    values = {name: flags.FLAGS[name].value for name in flags.FLAGS}
-    given = {name for name in flags.FLAGS if flags.FLAGS[name].present}
+    values, given = train.parsed_flags()
     try:
         run(study_from_flags(values, given))
     except (ConfigError, input_pipeline.DataError) as error:

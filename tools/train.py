@@ -617,14 +617,20 @@ def write_summary(config, plan, state, wall_seconds, strategy=None):
     return summary
 
 
+def parsed_flags():
+    """(every flag's value by name, the names given on the command line)."""
+    values = {name: flags.FLAGS[name].value for name in flags.FLAGS}
+    given = {name for name in flags.FLAGS if flags.FLAGS[name].present}
+    return values, given
+
+
 def main(argv):
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
     if keras.backend.backend() != "tensorflow":
         sys.exit(f"error: the training tool runs on Keras's TensorFlow backend; "
                  f"KERAS_BACKEND is {keras.backend.backend()!r}: unset it or set it to tensorflow.")
-    values = {name: flags.FLAGS[name].value for name in flags.FLAGS}
-    given = {name for name in flags.FLAGS if flags.FLAGS[name].present}
+    values, given = parsed_flags()
     try:
         config = config_from_flags(values, given)
         train_and_evaluate(config)
