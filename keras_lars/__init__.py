@@ -1,5 +1,9 @@
 """keras_lars: large-batch training for Keras 3 (LARS, LAMB, schedules, tools)."""
 
+from keras_lars import _environment
+
+_environment.check()  # one ImportError for Keras 2 / tf_keras or a Keras below the floor
+
 from keras_lars.lamb import LAMB
 from keras_lars.lars import LARS
 from keras_lars.layerwise import trust_ratio

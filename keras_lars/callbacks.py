@@ -7,7 +7,7 @@ from keras_lars.schedules import WarmupPolyDecay
 from keras_lars.validation import check_integer
 
 
-def _inner(optimizer):
+def inner_optimizer(optimizer):
     """The optimizer that owns the rate (unwraps a LossScaleOptimizer)."""
     return getattr(optimizer, "inner_optimizer", optimizer)
 
@@ -113,7 +113,7 @@ class WarmupPolyDecayCallback(keras.callbacks.Callback):
         return cls(**config)
 
     def on_train_begin(self, logs=None):
-        optimizer = _inner(self.model.optimizer)
+        optimizer = inner_optimizer(self.model.optimizer)
         current = optimizer._learning_rate
         if isinstance(current, _ScheduledRate):
             if self.params and current.fit_params is self.params:
@@ -164,7 +164,7 @@ class WarmupPolyDecayCallback(keras.callbacks.Callback):
     def on_epoch_end(self, epoch, logs=None):
         if logs is not None and self._installed is not None:
             # Through `self.model`: on JAX that syncs the optimizer's state.
-            rate = self.schedule(_step(_inner(self.model.optimizer)))
+            rate = self.schedule(_step(inner_optimizer(self.model.optimizer)))
             logs["learning_rate"] = float(ops.convert_to_numpy(rate))
 
     def get_config(self):
@@ -208,7 +208,7 @@ class TrustRatioMonitor(keras.callbacks.Callback):
         self._writer = None
 
     def on_train_begin(self, logs=None):
-        optimizer = _inner(self.model.optimizer)
+        optimizer = inner_optimizer(self.model.optimizer)
         if not hasattr(optimizer, "trust_ratio_stats"):
             raise ValueError(
                 f"TrustRatioMonitor needs a keras_lars.LARS or LAMB optimizer, "
@@ -240,7 +240,7 @@ class TrustRatioMonitor(keras.callbacks.Callback):
 
     def _optimizer_step(self):
         # Through `self.model`: on JAX that syncs the training state.
-        optimizer = _inner(self.model.optimizer)
+        optimizer = inner_optimizer(self.model.optimizer)
         return int(ops.convert_to_numpy(optimizer.iterations))
 
     def on_epoch_begin(self, epoch, logs=None):
@@ -248,13 +248,17 @@ class TrustRatioMonitor(keras.callbacks.Callback):
 
     def on_train_batch_end(self, batch, logs=None):
         # Decide from the batch count (no state sync on JAX), write at the
-        # optimizer's step.
-        seen = self._epoch_start + batch + 1
+        # optimizer's step. With steps_per_execution > 1, Keras < 3.11 hands
+        # the first step of the execution as `batch`: read the step there.
+        if getattr(self.model, "steps_per_execution", 1) > 1:
+            seen = self._optimizer_step()
+        else:
+            seen = self._epoch_start + batch + 1
         if seen // self.every_n_steps == self._last_step // self.every_n_steps:
             return
         self._last_step = seen
         tf = self._tf
-        optimizer = _inner(self.model.optimizer)
+        optimizer = inner_optimizer(self.model.optimizer)
         step = int(ops.convert_to_numpy(optimizer.iterations))
         with self._writer.as_default(step=step):
             for path, stats in optimizer.trust_ratio_stats().items():

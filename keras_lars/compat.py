@@ -6,39 +6,60 @@ workaround that the installed versions need:
 
     import keras_lars
     keras_lars.compat.apply()          # or: with keras_lars.compat.patched(): ...
+    keras_lars.compat.apply(behaviour_changes=False)   # crash fixes only
 
-`keras_lars.distribute.make_strategy` calls it for the strategies that need
-it (on one device, call it yourself: `iterations_after_data` concerns every
-strategy). `apply()` is idempotent; `unapply()` restores Keras's own code, and
+`keras_lars.make_strategy` calls it for the strategies that need it (on one
+device, call it yourself: `iterations_after_data` concerns every strategy).
+`apply()` is idempotent; `unapply()` restores Keras's own code, and
 `unpatched()` runs a block on Keras's own code (tests use it to show each
 bug's symptom).
 
-Each workaround is a small function pair (install, which returns an undo
-function) registered in `WORKAROUNDS` with the upstream issue and the Keras
-Keras or TensorFlow versions it is needed for (`fixed_in=None`: still open
-upstream, seen on Keras 3.15.1 / TensorFlow 2.21). All of them concern the
-TensorFlow backend only and are skipped on the others.
+Each workaround is registered in `WORKAROUNDS` with its upstream issue, the
+versions of Keras (or TensorFlow) that have the symptom (`since` <= version
+< `fixed_in`), the versions its patch was verified on (`verified`), and a
+`shape` check of the internals it replaces. It is installed only where the
+symptom is, on the TensorFlow backend, and only if the installed version
+is inside `verified` and its target still has the shape it was written
+for. Otherwise it is not installed: `apply()` warns once (`CompatWarning`)
+and the keras_lars features that need it refuse with
+`UnsupportedVersionError`, via `require()`. Installing is logged once per
+workaround on the "keras_lars" logger.
 
-| name                     | upstream                              | symptom without it |
-|--------------------------|---------------------------------------|--------------------|
-| symbolic_build_batch     | keras#20585, tensorflow#72388         | fit() under MultiWorkerMirroredStrategy: "Attempt to convert a value (PerReplica...)" |
-| multi_worker_metrics     | keras#20585, tensorflow#72388         | fit() under MultiWorkerMirroredStrategy fails reducing scalar metrics with axis=0 |
-| steps_per_execution_loop | keras#19246                           | steps_per_execution > 1 under (MultiWorker)MirroredStrategy: "You must feed a value for placeholder tensor" |
-| clip_after_all_reduce    | tensorflow#33929 (Keras 3 behaviour)  | keras_lars optimizers with clipnorm/global_clipnorm/clipvalue under several replicas clip each replica's partial gradient before the all-reduce |
-| distinct_collective_keys | tensorflow#62790                      | a second MirroredStrategy in one process training another model: "Shape mismatch in the collective instance 100" |
-| mean_batch_norm_statistics | keras#20601 (related), no BatchNormalization issue | BatchNormalization(synchronized=False) under several replicas: each replica keeps its own moving statistics, get_weights()/saving keep replica 0's |
-| iterations_after_data    | no upstream issue found               | a dataset of unknown cardinality: optimizer.iterations (and the learning-rate schedule) one step ahead per epoch |
+Two kinds: "crash" fixes make something work that fails on Keras's own
+code; "behaviour" changes alter numbers Keras computes without failing
+(batch-norm statistics and evaluate/predict, the step count, where
+clipping happens). `apply(behaviour_changes=False)` (and
+`make_strategy(..., behaviour_changes=False)`) installs the crash fixes
+only. `table()` renders the registry as Markdown (the README's table).
 """
 
 import contextlib
 import dataclasses
 import functools
+import inspect
 import itertools
+import logging
 import re
+import warnings
 from typing import Callable
 from typing import Optional
 
 import keras
+
+_LOG = logging.getLogger("keras_lars")
+
+# The Keras and TensorFlow versions every patch below was verified on (the
+# version matrix of noxfile.py), as inclusive (major, minor) ranges.
+KERAS_VERIFIED = ((3, 8), (3, 15))
+TENSORFLOW_VERIFIED = ((2, 17), (2, 21))
+
+
+class CompatWarning(UserWarning):
+    """A needed workaround was not installed (version or shape mismatch)."""
+
+
+class UnsupportedVersionError(RuntimeError):
+    """A keras_lars feature needs a workaround that is not installed."""
 
 
 def _version(text):
@@ -54,25 +75,91 @@ def _installed_version(package):
     return _version(tf.__version__)
 
 
+def _dotted(version):
+    return ".".join(str(part) for part in version)
+
+
+def _package_name(package):
+    return "Keras" if package == "keras" else "TensorFlow"
+
+
 @dataclasses.dataclass(frozen=True)
 class Workaround:
-    """One upstream bug: where it is tracked, which versions of `package`
-    ("keras" or "tensorflow") have it (`since` <= version < `fixed_in`;
-    None: not fixed yet), and how to patch it (`install()` returns the
-    function that undoes it)."""
+    """One upstream bug and its patch.
+
+    `install()` patches and returns the function that undoes it; `shape()`
+    returns None when the patch's targets look as written for, else what
+    differs. `package` ("keras" or "tensorflow") has the symptom for
+    `since` <= version < `fixed_in` (None: not fixed yet); the patch was
+    verified on `verified` (inclusive (major, minor) bounds of `package`).
+    `reproduced`: where the symptom was seen; `kind`: "crash" or
+    "behaviour"; `symptom`: what happens without it.
+    """
 
     name: str
     issues: str
+    symptom: str
+    kind: str
     install: Callable[[], Callable[[], None]]
+    shape: Callable[[], Optional[str]]
     package: str = "keras"
     since: tuple = (3, 0)
     fixed_in: Optional[tuple] = None
+    verified: tuple = KERAS_VERIFIED
+    reproduced: str = ""
 
     def needed(self):
+        """Whether the installed versions have the symptom."""
         if keras.backend.backend() != "tensorflow":
             return False
         version = _installed_version(self.package)
         return version >= self.since and (self.fixed_in is None or version < self.fixed_in)
+
+    def problem(self):
+        """None if the patch can be installed here, else why not."""
+        version = _installed_version(self.package)
+        low, high = self.verified
+        if not low <= version[:2] <= high:
+            return (
+                f"{_package_name(self.package)} {_dotted(version)} is outside the "
+                f"versions it was verified on ({_dotted(low)} to {_dotted(high)})"
+            )
+        mismatch = self.shape()
+        if mismatch:
+            return f"its target changed in {_package_name(self.package)} {_dotted(version)}: {mismatch}"
+        return None
+
+    def describe_versions(self):
+        """'Keras 3.8 to 3.15' style text of the verified range."""
+        low, high = self.verified
+        return f"{_package_name(self.package)} {_dotted(low)} to {_dotted(high)}"
+
+
+def _signature_mismatch(owner, attribute, parameters):
+    """None if `owner.attribute` is a function taking exactly `parameters`
+    (names, in order; None: any), else a sentence saying what differs."""
+    target = getattr(owner, attribute, None)
+    label = f"{getattr(owner, '__name__', owner)}.{attribute}"
+    if target is None:
+        return f"{label} does not exist"
+    if parameters is None:
+        return None if callable(target) else f"{label} is not a function"
+    try:
+        found = list(inspect.signature(target).parameters)
+    except (TypeError, ValueError):
+        return f"{label} is not a function"
+    if found != list(parameters):
+        return f"{label} takes ({', '.join(found)}), expected ({', '.join(parameters)})"
+    return None
+
+
+def _first_mismatch(*checks):
+    """The first non-None of several (owner, attribute, parameters) checks."""
+    for owner, attribute, parameters in checks:
+        mismatch = _signature_mismatch(owner, attribute, parameters)
+        if mismatch:
+            return mismatch
+    return None
 
 
 def _trainer_module():
@@ -97,6 +184,19 @@ def _swap(owner, attribute, replacement):
     return undo
 
 
+def replicas_in_sync():
+    """The number of replicas of the current tf.distribute context (1 on
+    other backends, or outside any strategy)."""
+    if keras.backend.backend() != "tensorflow":
+        return 1
+    import tensorflow as tf
+
+    context = tf.distribute.get_replica_context()
+    if context is not None:
+        return context.num_replicas_in_sync
+    return tf.distribute.get_strategy().num_replicas_in_sync
+
+
 # --- keras#20585 / tensorflow#72388 (1): the symbolic build ------------------
 def _install_symbolic_build_batch():
     """fit()/evaluate() build the model from a first batch, which Keras takes
@@ -113,16 +213,31 @@ def _install_symbolic_build_batch():
     def _maybe_symbolic_build(self, iterator=None, data_batch=None):
         if iterator is not None and self._distribute_strategy is not None:
             strategy = self.distribute_strategy
-            for _, _, batches in iterator:
+            for item in iterator:
+                # Keras 3.7-3.10 yield (step, batches), 3.11+ (begin, end, batches).
+                if not isinstance(item, tuple) or len(item) not in (2, 3):
+                    raise UnsupportedVersionError(
+                        "keras_lars.compat's `symbolic_build_batch` expected Keras's "
+                        "epoch iterator to yield (step, batches) or (begin, end, "
+                        f"batches), got {type(item).__name__} on Keras {keras.__version__}; "
+                        f"it was verified on {_BY_NAME['symbolic_build_batch'].describe_versions()}."
+                    )
                 data_batch = tf.nest.map_structure(
                     lambda v: strategy.experimental_local_results(v)[0],
-                    next(batches),
+                    next(item[-1]),
                 )
                 break
             iterator = None
         return original(self, iterator=iterator, data_batch=data_batch)
 
     return _swap(trainer_class, "_maybe_symbolic_build", _maybe_symbolic_build)
+
+
+def _shape_symbolic_build_batch():
+    return _signature_mismatch(
+        _trainer_module().TensorFlowTrainer, "_maybe_symbolic_build",
+        ["self", "iterator", "data_batch"],
+    )
 
 
 # --- keras#20585 / tensorflow#72388 (2): metric reduction ----------------------
@@ -145,6 +260,14 @@ def _install_multi_worker_metrics():
         return original(values, strategy, reduction)
 
     return _swap(trainer, "reduce_per_replica", reduce_per_replica)
+
+
+def _shape_multi_worker_metrics():
+    trainer = _trainer_module()
+    return _first_mismatch(
+        (trainer, "reduce_per_replica", ["values", "strategy", "reduction"]),
+        (trainer, "_collective_all_reduce_multi_worker", ["strategy"]),
+    )
 
 
 # --- keras#19246: steps_per_execution > 1 ------------------------------------
@@ -179,7 +302,8 @@ def _install_steps_per_execution_loop():
             one_step_on_data = tf.function(
                 one_step_on_data, reduce_retracing=True, jit_compile=self.jit_compile
             )
-        one_step_on_data = self._autoconvert_optionals(one_step_on_data)
+        if hasattr(self, "_autoconvert_optionals"):  # Keras 3.12+ does this too
+            one_step_on_data = self._autoconvert_optionals(one_step_on_data)
 
         def multi_step_on_iterator(iterator):
             steps = self.steps_per_execution
@@ -225,6 +349,14 @@ def _install_steps_per_execution_loop():
     return _swap(trainer_class, "_make_function", _make_function)
 
 
+def _shape_steps_per_execution_loop():
+    trainer = _trainer_module()
+    return _first_mismatch(
+        (trainer.TensorFlowTrainer, "_make_function", ["self", "step_function"]),
+        (trainer, "reduce_per_replica", ["values", "strategy", "reduction"]),
+    )
+
+
 # --- clipping after the all-reduce (keras_lars optimizers only) ---------------
 def _install_clip_after_all_reduce():
     """Keras 3 clips gradients (`clipnorm`, `global_clipnorm`, `clipvalue`)
@@ -245,8 +377,7 @@ def _install_clip_after_all_reduce():
     all_reduce = LayerwiseOptimizer._all_reduce_sum_gradients
 
     def several_replicas():
-        context = tf.distribute.get_replica_context()
-        return context is not None and context.num_replicas_in_sync > 1
+        return tf.distribute.get_replica_context() is not None and replicas_in_sync() > 1
 
     def _clip_gradients(self, grads):
         return grads if several_replicas() else clip(self, grads)
@@ -267,6 +398,15 @@ def _install_clip_after_all_reduce():
         undo_clip()
 
     return undo
+
+
+def _shape_clip_after_all_reduce():
+    from keras.src.backend.tensorflow.optimizer import TFOptimizer
+
+    return _first_mismatch(
+        (keras.optimizers.Optimizer, "_clip_gradients", ["self", "grads"]),
+        (TFOptimizer, "_all_reduce_sum_gradients", ["self", "grads_and_vars"]),
+    )
 
 
 # --- tensorflow#62790: several MirroredStrategy objects in one process --------
@@ -293,6 +433,89 @@ def _install_distinct_collective_keys():
         return original(self)
 
     return _swap(extended, "_make_collective_ops_with_fallbacks", _make_collective_ops_with_fallbacks)
+
+
+def _shape_distinct_collective_keys():
+    from tensorflow.python.distribute import mirrored_strategy
+
+    if not isinstance(getattr(mirrored_strategy.MirroredStrategy, "_collective_key_base", None), int):
+        return "MirroredStrategy._collective_key_base is not an integer"
+    return _signature_mismatch(
+        mirrored_strategy.MirroredExtended, "_make_collective_ops_with_fallbacks", ["self"]
+    )
+
+
+# --- keras#20134: fit() on strategy.distribute_datasets_from_function ---------
+def _install_distributed_datasets_from_function():
+    """Keras before 3.9 does not recognise the dataset that
+    `strategy.distribute_datasets_from_function` returns (its
+    `is_tf_dataset` knows DatasetV2 and DistributedDataset only), so
+    `fit()` on it fails with "Unrecognized data type". keras PR #20829
+    (Keras 3.9) adds the class to that list; so does the patch."""
+    from keras.src.trainers import data_adapters
+
+    original = data_adapters.is_tf_dataset
+
+    def is_tf_dataset(x):
+        return original(x) or any(
+            parent.__name__ == "DistributedDatasetsFromFunction"
+            and parent.__module__.startswith("tensorflow.python.")
+            for parent in type(x).__mro__
+        )
+
+    return _swap(data_adapters, "is_tf_dataset", is_tf_dataset)
+
+
+def _shape_distributed_datasets_from_function():
+    from keras.src.trainers import data_adapters
+
+    return _signature_mismatch(data_adapters, "is_tf_dataset", ["x"])
+
+
+# --- keras#21054: metric state under several replicas before Keras 3.10 -------
+def _install_on_read_metric_variables():
+    """Keras before 3.10 creates a metric's state variables (totals,
+    counts) with the default synchronization, so under several replicas
+    each replica's update is merged into every copy and the losses and
+    metrics that fit() and evaluate() report are wrong (evaluate gives
+    another loss and accuracy than on one device, with the same weights).
+    Keras 3.10 creates them on-read (each replica accumulates its own part,
+    a read from outside sums them); so does the patch, through a variable
+    creator around `Metric.add_variable` (and around the later creation of
+    a variable whose creation Keras defers, as for compiled metrics)."""
+    import tensorflow as tf
+    from keras.src.metrics.metric import Metric
+
+    original = Metric.add_variable
+
+    def on_read(next_creator, **kwargs):
+        kwargs["synchronization"] = tf.VariableSynchronization.ON_READ
+        return next_creator(**kwargs)
+
+    def add_variable(self, *args, **kwargs):
+        with tf.variable_creator_scope(on_read):
+            variable = original(self, *args, **kwargs)
+        if variable._value is None:  # deferred: created on first use
+            initialize = variable._initialize
+
+            def initialize_on_read(value):
+                with tf.variable_creator_scope(on_read):
+                    return initialize(value)
+
+            variable._initialize = initialize_on_read
+        return variable
+
+    return _swap(Metric, "add_variable", add_variable)
+
+
+def _shape_on_read_metric_variables():
+    from keras.src.backend.tensorflow.core import Variable
+    from keras.src.metrics.metric import Metric
+
+    return _first_mismatch(
+        (Metric, "add_variable", ["self", "shape", "initializer", "dtype", "aggregation", "name"]),
+        (Variable, "_initialize", ["self", "value"]),
+    )
 
 
 # --- moving statistics of unsynchronized batch norm under several replicas ----
@@ -349,7 +572,9 @@ def _install_mean_batch_norm_statistics():
             if isinstance(layer, BatchNormalization):
                 for name in _STATISTICS:
                     variable = getattr(layer, name, None)
-                    if variable is not None and variable.synchronization == "on_read":
+                    # `_synchronization`: set by build() above (Keras 3.8 has no
+                    # Variable.synchronization; 3.10+ reads this attribute).
+                    if getattr(variable, "_synchronization", None) == "on_read":
                         yield variable
 
     def averaging_copies_first(run):
@@ -372,6 +597,21 @@ def _install_mean_batch_norm_statistics():
             step()
 
     return undo_all
+
+
+def _shape_mean_batch_norm_statistics():
+    from keras.src.layers.normalization.batch_normalization import BatchNormalization
+
+    trainer_class = _trainer_module().TensorFlowTrainer
+    if "synchronized" not in inspect.signature(BatchNormalization.__init__).parameters:
+        return "BatchNormalization takes no `synchronized` argument"
+    if not hasattr(keras.Model, "_flatten_layers"):
+        return "Model._flatten_layers does not exist"
+    return _first_mismatch(
+        (BatchNormalization, "build", ["self", "input_shape"]),
+        (trainer_class, "evaluate", None),
+        (trainer_class, "predict", None),
+    )
 
 
 # --- optimizer.iterations counted once more at the end of a finite dataset ----
@@ -409,53 +649,129 @@ def _install_iterations_after_data():
     return _swap(trainer_class, "make_train_function", make_train_function)
 
 
+def _shape_iterations_after_data():
+    trainer_class = _trainer_module().TensorFlowTrainer
+    return _first_mismatch(
+        (trainer_class, "make_train_function", ["self", "force"]),
+        (trainer_class, "_make_function", ["self", "step_function"]),
+    )
+
+
+_REPRODUCED = "Keras 3.8 to 3.15 with TensorFlow 2.17 to 2.21 (tests, every pair of noxfile.py)"
+
 WORKAROUNDS = (
     Workaround(
         "symbolic_build_batch", "keras#20585, tensorflow#72388",
-        _install_symbolic_build_batch,
+        "fit() under MultiWorkerMirroredStrategy: \"Attempt to convert a value (PerReplica...)\"",
+        "crash", _install_symbolic_build_batch, _shape_symbolic_build_batch,
+        reproduced=_REPRODUCED,
     ),
     Workaround(
         "multi_worker_metrics", "keras#20585, tensorflow#72388",
-        _install_multi_worker_metrics,
+        "fit() under MultiWorkerMirroredStrategy fails reducing scalar metrics with axis=0",
+        "crash", _install_multi_worker_metrics, _shape_multi_worker_metrics,
+        reproduced=_REPRODUCED,
     ),
-    Workaround("steps_per_execution_loop", "keras#19246", _install_steps_per_execution_loop),
-    Workaround("clip_after_all_reduce", "tensorflow#33929", _install_clip_after_all_reduce),
     Workaround(
-        "distinct_collective_keys", "tensorflow#62790", _install_distinct_collective_keys,
-        package="tensorflow", since=(2, 0),
+        "steps_per_execution_loop", "keras#19246",
+        "steps_per_execution > 1 under (MultiWorker)MirroredStrategy: "
+        "\"You must feed a value for placeholder tensor\"",
+        "crash", _install_steps_per_execution_loop, _shape_steps_per_execution_loop,
+        reproduced=_REPRODUCED,
+    ),
+    Workaround(
+        "distributed_datasets_from_function", "keras#20134",
+        "fit() on strategy.distribute_datasets_from_function(...): \"Unrecognized data type\"",
+        "crash", _install_distributed_datasets_from_function,
+        _shape_distributed_datasets_from_function,
+        fixed_in=(3, 9), verified=((3, 8), (3, 8)),
+        reproduced="Keras 3.8 with TensorFlow 2.17 and 2.18 (absent from 3.9 on)",
+    ),
+    Workaround(
+        "on_read_metric_variables", "keras#21054",
+        "losses and metrics that fit()/evaluate() report under several replicas differ "
+        "from one device's (the replicas' metric states are merged on every update)",
+        "behaviour", _install_on_read_metric_variables, _shape_on_read_metric_variables,
+        fixed_in=(3, 10), verified=((3, 8), (3, 9)),
+        reproduced="Keras 3.8 and 3.9 with TensorFlow 2.17 and 2.18 (absent from 3.10 on)",
+    ),
+    Workaround(
+        "distinct_collective_keys", "tensorflow#62790",
+        "a second MirroredStrategy in one process training another model: "
+        "\"Shape mismatch in the collective instance 100\"",
+        "crash", _install_distinct_collective_keys, _shape_distinct_collective_keys,
+        package="tensorflow", since=(2, 0), verified=TENSORFLOW_VERIFIED,
+        reproduced=_REPRODUCED,
+    ),
+    Workaround(
+        "clip_after_all_reduce", "tensorflow#33929 (Keras 3 behaviour)",
+        "keras_lars optimizers with clipnorm/global_clipnorm/clipvalue under several "
+        "replicas clip each replica's partial gradient before the all-reduce",
+        "behaviour", _install_clip_after_all_reduce, _shape_clip_after_all_reduce,
+        reproduced=_REPRODUCED,
     ),
     Workaround(
         "mean_batch_norm_statistics",
         "keras#20601 (Keras 3 creates no on-read variables); no BatchNormalization issue found",
-        _install_mean_batch_norm_statistics,
+        "BatchNormalization(synchronized=False) under several replicas: each replica keeps "
+        "its own moving statistics, get_weights()/saving keep replica 0's",
+        "behaviour", _install_mean_batch_norm_statistics, _shape_mean_batch_norm_statistics,
+        reproduced=_REPRODUCED,
     ),
     Workaround(
-        "iterations_after_data", "no upstream issue found", _install_iterations_after_data,
+        "iterations_after_data", "no upstream issue found",
+        "a dataset of unknown cardinality: optimizer.iterations (and the learning-rate "
+        "schedule) one step ahead per epoch",
+        "behaviour", _install_iterations_after_data, _shape_iterations_after_data,
+        reproduced=_REPRODUCED,
     ),
 )
+_BY_NAME = {w.name: w for w in WORKAROUNDS}
 
 _UNDO = {}  # name -> undo function of each installed workaround
+_UNAVAILABLE = {}  # name -> why a needed workaround was not installed
+_LOGGED = set()  # names whose installation was logged
 
 
 def _select(names):
-    known = {w.name: w for w in WORKAROUNDS}
     if names is None:
         return list(WORKAROUNDS)
     names = [names] if isinstance(names, str) else list(names)
-    unknown = [name for name in names if name not in known]
+    unknown = [name for name in names if name not in _BY_NAME]
     if unknown:
         raise ValueError(
-            f"Unknown workaround name(s) {unknown} in `names`; known: {sorted(known)}."
+            f"Unknown workaround name(s) {unknown} in `names`; known: {sorted(_BY_NAME)}."
         )
-    return [known[name] for name in names]
+    return [_BY_NAME[name] for name in names]
 
 
-def apply(names=None):
+def apply(names=None, behaviour_changes=True):
     """Installs the workarounds (all by default, or those in `names`) that
-    the installed Keras needs. Idempotent. Returns the installed names."""
+    the installed versions need; `behaviour_changes=False` leaves out the
+    "behaviour" kind. A needed one that cannot be installed here (outside
+    its verified versions, or its target changed) is left out with one
+    `CompatWarning`. Idempotent. Returns the installed names."""
     for workaround in _select(names):
-        if workaround.name not in _UNDO and workaround.needed():
-            _UNDO[workaround.name] = workaround.install()
+        name = workaround.name
+        if name in _UNDO or not workaround.needed():
+            continue
+        if workaround.kind == "behaviour" and not behaviour_changes:
+            continue
+        reason = workaround.problem()
+        if reason:
+            if name not in _UNAVAILABLE:
+                _UNAVAILABLE[name] = reason
+                warnings.warn(
+                    f"keras_lars.compat: not installing `{name}` ({workaround.issues}): "
+                    f"{reason}. Features that need it will refuse to run.",
+                    CompatWarning, stacklevel=2,
+                )
+            continue
+        _UNDO[name] = workaround.install()
+        if name not in _LOGGED:
+            _LOGGED.add(name)
+            _LOG.info("keras_lars.compat installed `%s` (%s fix, %s)",
+                      name, workaround.kind, workaround.issues)
     return applied()
 
 
@@ -470,6 +786,41 @@ def unapply(names=None):
 def applied():
     """Names of the workarounds installed now, in `WORKAROUNDS` order."""
     return tuple(w.name for w in WORKAROUNDS if w.name in _UNDO)
+
+
+def require(name, feature):
+    """Raises UnsupportedVersionError, naming `feature`, the workaround and
+    the versions, if the installed versions need workaround `name` and it
+    is not installed (call `apply()` first; `make_strategy` does)."""
+    workaround = _select(name)[0]
+    if name in _UNDO or not workaround.needed():
+        return
+    reason = workaround.problem()
+    if reason:
+        raise UnsupportedVersionError(
+            f"{feature} needs keras_lars.compat's `{name}` workaround "
+            f"({workaround.issues}), which cannot be installed here: {reason}. "
+            f"Use {workaround.describe_versions()}."
+        )
+    raise UnsupportedVersionError(
+        f"{feature} needs keras_lars.compat's `{name}` workaround ({workaround.issues}): "
+        f"call keras_lars.compat.apply() first (keras_lars.make_strategy does)."
+    )
+
+
+def table():
+    """The registry as a Markdown table (name, kind, upstream, symptom,
+    versions with the symptom, verified, reproduced)."""
+    rows = [
+        "| workaround | kind | upstream | symptom without it | needed on | patch verified on |",
+        "|---|---|---|---|---|---|",
+    ]
+    for w in WORKAROUNDS:
+        needed = f"{_package_name(w.package)} {_dotted(w.since)}+" + (
+            f", fixed in {_dotted(w.fixed_in)}" if w.fixed_in else " (open)")
+        rows.append(f"| `{w.name}` | {w.kind} | {w.issues} | {w.symptom} | {needed} | "
+                    f"{w.describe_versions()} |")
+    return "\n".join(rows)
 
 
 def _restore(names):

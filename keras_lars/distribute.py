@@ -111,6 +111,7 @@ def make_strategy(
     bytes_per_pack=0,
     timeout_seconds=None,
     apply_compat=True,
+    behaviour_changes=True,
 ):
     """Returns a `tf.distribute.Strategy`.
 
@@ -139,6 +140,12 @@ def make_strategy(
         apply_compat: install `keras_lars.compat.apply()` for "tpu",
             "mirrored" and "multi_worker" (see that module for what it
             fixes; each workaround acts only on the strategies it concerns).
+            "multi_worker" then raises `compat.UnsupportedVersionError` if
+            the fixes its `fit` needs cannot be installed on these versions.
+        behaviour_changes: False installs compat's crash fixes only, not
+            those that change numbers (batch-norm statistics under several
+            replicas, the step count at the end of a dataset, clipping
+            after the all-reduce).
     """
     if kind not in KINDS:
         raise ValueError(f"Unknown strategy `kind` {kind!r}; expected one of {KINDS}.")
@@ -166,7 +173,7 @@ def make_strategy(
     if kind == "tpu":
         strategy = _tpu_strategy(tf, tpu_address)
         if apply_compat:  # of the workarounds, only clip_after_all_reduce acts on TPUs
-            compat.apply()
+            compat.apply(behaviour_changes=behaviour_changes)
         return strategy
     if kind == "default":
         return tf.distribute.get_strategy()
@@ -179,11 +186,13 @@ def make_strategy(
 
     if kind == "mirrored":
         if apply_compat:
-            compat.apply()
+            compat.apply(behaviour_changes=behaviour_changes)
         return tf.distribute.MirroredStrategy(devices)
     parse_tf_config()
     if apply_compat:
-        compat.apply()
+        compat.apply(behaviour_changes=behaviour_changes)
+        for name in ("symbolic_build_batch", "multi_worker_metrics"):
+            compat.require(name, "model.fit under MultiWorkerMirroredStrategy")
     implementation = getattr(
         tf.distribute.experimental.CommunicationImplementation, collective_implementation.upper()
     )

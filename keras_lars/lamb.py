@@ -92,9 +92,7 @@ class LAMB(LayerwiseOptimizer):
         if self.built:
             return
         super().build(variables)
-        self.momentums, self.velocities = self.add_optimizer_variables(
-            variables, ["m", "v"]
-        )
+        self.momentums, self.velocities = self._add_slots(variables, ["m", "v"])
 
     def update_step(self, gradient, variable, learning_rate):
         index = self._get_variable_index(variable)

@@ -120,7 +120,7 @@ class LARS(LayerwiseOptimizer):
         super().build(variables)
         self.momentums = []
         if self.momentum > 0:
-            self.momentums = self.add_optimizer_variables(variables, "momentum")
+            (self.momentums,) = self._add_slots(variables, ["momentum"])
 
     def update_step(self, gradient, variable, learning_rate):
         index = self._get_variable_index(variable)

@@ -21,6 +21,7 @@ import re
 import keras
 from keras import ops
 
+from keras_lars import compat
 from keras_lars.validation import check_bool
 from keras_lars.validation import check_number
 
@@ -160,6 +161,18 @@ class LayerwiseOptimizer(keras.optimizers.Optimizer):
         self.exclude_rank_one = check_bool("exclude_rank_one", exclude_rank_one)
         self.record_trust_ratios = check_bool("record_trust_ratios", record_trust_ratios)
 
+    def _clip_gradients(self, grads):
+        """Keras's clipping; under several replicas it needs compat's
+        `clip_after_all_reduce` (else each replica would clip its own part)."""
+        clipping = self.clipnorm or self.global_clipnorm or self.clipvalue
+        if clipping and compat.replicas_in_sync() > 1:
+            compat.require(
+                "clip_after_all_reduce",
+                f"clipping (clipnorm/global_clipnorm/clipvalue) in {self.name!r} under "
+                f"{compat.replicas_in_sync()} replicas",
+            )
+        return super()._clip_gradients(grads)
+
     def _apply_weight_decay(self, variables):
         """No decoupled decay: ours is coupled, inside `update_step`."""
         return
@@ -192,6 +205,20 @@ class LayerwiseOptimizer(keras.optimizers.Optimizer):
             if self.record_trust_ratios and adapts else None
             for path, adapts in zip(map(variable_path, variables), self._adapts)
         ]
+
+    def _add_slots(self, variables, names):
+        """One zero-initialised optimizer variable per model variable for each
+        of `names` (a list of lists, one per name, in `variables` order).
+
+        Keras >= 3.10 has `Optimizer.add_optimizer_variables`, which also
+        leaves out variables that are overwritten with their gradient (None
+        in their place). On older Keras, `_add_slots_before_3_10` does the
+        same through `add_variable_from_reference`, interleaving the names
+        like Keras so that checkpoints list the variables in one order.
+        """
+        if hasattr(self, "add_optimizer_variables"):
+            return self.add_optimizer_variables(variables, names)
+        return _add_slots_before_3_10(self, variables, names)
 
     def _record_trust_stats(self, index, ratio, weight_norm, update_norm):
         """Keeps this step's statistics when `record_trust_ratios` is set."""
@@ -244,6 +271,19 @@ class LayerwiseOptimizer(keras.optimizers.Optimizer):
             }
         )
         return config
+
+
+def _add_slots_before_3_10(optimizer, variables, names):
+    """`Optimizer.add_optimizer_variables` for Keras < 3.10 (same result)."""
+    slots = tuple([] for _ in names)
+    for variable in variables:
+        overwritten = getattr(variable, "overwrite_with_gradient", False)
+        for name, slot in zip(names, slots):
+            slot.append(
+                None if overwritten
+                else optimizer.add_variable_from_reference(variable, name=name)
+            )
+    return slots
 
 
 def _as_list(patterns):

@@ -4,8 +4,11 @@ Two logical CPUs let MirroredStrategy tests run two replicas on one machine;
 they must be configured before TensorFlow initialises its devices.
 """
 
+import importlib.util
 import os
 import sys
+
+import pytest
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 os.environ.setdefault("KERAS_BACKEND", "tensorflow")
@@ -27,3 +30,11 @@ tf.config.set_logical_device_configuration(
 from keras_lars import compat  # noqa: E402
 
 compat.apply(["distinct_collective_keys"])
+
+# The JAX-backend tests need the `jax` extra, installed with TensorFlow in one
+# pip command (setup.cfg says why); noxfile.py installs it for every pair.
+requires_jax = pytest.mark.skipif(
+    importlib.util.find_spec("jax") is None,
+    reason="jax is not installed: pip install it in one command with your TensorFlow "
+    "(the `jax` extra), so that the resolver picks a jax that fits it",
+)

@@ -17,6 +17,7 @@ import keras_lars
 from keras_lars import TrustRatioMonitor
 from keras_lars import WarmupPolyDecay
 from keras_lars import WarmupPolyDecayCallback
+from tests.conftest import requires_jax
 
 # 48 examples, batch 8: 6 steps an epoch. Warmup 4 steps, total 16.
 PEAK, END, WARMUP, TOTAL = 2.0, 0.01, 4, 16
@@ -225,7 +226,8 @@ class _KernelNorms(keras.callbacks.Callback):
         self.norms = {}
 
     def on_train_batch_begin(self, batch, logs=None):
-        step = int(self.model.optimizer.iterations)
+        # The inner optimizer's: Keras 3.8's LossScaleOptimizer.iterations stays 0.
+        step = int(keras_lars.callbacks.inner_optimizer(self.model.optimizer).iterations)
         for layer in self.model.layers:
             if hasattr(layer, "kernel"):
                 kernel = np.asarray(layer.kernel.numpy(), np.float64)
@@ -317,6 +319,7 @@ JAX_PROGRAM = textwrap.dedent("""
 """)
 
 
+@requires_jax
 @pytest.mark.subprocess
 def test_callback_on_the_jax_backend():
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

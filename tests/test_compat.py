@@ -4,6 +4,14 @@ of unknown cardinality (`iterations_after_data`), each shown failing on
 Keras's own code. MirroredStrategy runs on the two logical CPUs of
 conftest.py."""
 
+import json
+import logging
+import os
+import re
+import subprocess
+import sys
+import warnings
+
 import keras
 import numpy as np
 import pytest
@@ -100,7 +108,9 @@ def test_batch_norm_statistics_are_the_mean_of_the_replicas(restore_compat, tmp_
     strategy = tf.distribute.MirroredStrategy(CPUS)
     model, dataset = _fit_mirrored(strategy)
     bn = model.layers[0]
-    assert (bn.moving_mean.synchronization, bn.moving_mean.aggregation) == ("on_read", "mean")
+    assert bn.moving_mean.aggregation == "mean"
+    assert bn.moving_mean.value.synchronization == tf.VariableSynchronization.ON_READ
+    assert bn.moving_mean.value.aggregation == tf.VariableAggregation.MEAN
     for index, variable in enumerate([bn.moving_mean, bn.moving_variance]):
         for copy, reference in zip(_copies(strategy, variable), references):
             np.testing.assert_allclose(copy, reference[index], rtol=1e-5)
@@ -147,7 +157,7 @@ def test_batch_norm_patch_leaves_synchronized_and_single_replica_layers_alone(re
         return model
 
     patched = fit_one_device()
-    assert patched.layers[0].moving_mean.synchronization == "auto"
+    assert patched.layers[0].moving_mean.value.synchronization == tf.VariableSynchronization.AUTO
     with compat.unpatched():
         unpatched = fit_one_device()
     for a, b in zip(patched.get_weights(), unpatched.get_weights()):  # bit-identical
@@ -223,3 +233,251 @@ def test_both_workarounds_are_undone_exactly():
             assert all(p is not o for p, o in zip(patched, originals))
         assert (bn.build, TensorFlowTrainer.make_train_function,
                 TensorFlowTrainer.evaluate, TensorFlowTrainer.predict) == originals
+
+
+# --- version and shape gates -------------------------------------------------
+def test_every_workaround_is_verified_for_the_installed_versions():
+    """Runs on every pair of the matrix: each needed workaround's target has
+    the shape its patch was written for, inside its verified versions."""
+    for workaround in compat.WORKAROUNDS:
+        if workaround.needed():
+            assert workaround.problem() is None, (workaround.name, workaround.problem())
+    fixed = [w.name for w in compat.WORKAROUNDS if w.fixed_in is not None]
+    assert fixed == ["distributed_datasets_from_function", "on_read_metric_variables"]
+    assert all(w.needed() for w in compat.WORKAROUNDS if w.fixed_in is None)
+
+
+@pytest.fixture
+def fresh_compat(monkeypatch, restore_compat):
+    """Keras's own code, and no memory of earlier warnings or logs."""
+    with compat.unpatched():
+        monkeypatch.setattr(compat, "_UNAVAILABLE", {})
+        monkeypatch.setattr(compat, "_LOGGED", set())
+        yield
+
+
+def _replace(monkeypatch, name, **changes):
+    import dataclasses
+
+    workarounds = tuple(dataclasses.replace(w, **changes) if w.name == name else w
+                        for w in compat.WORKAROUNDS)
+    monkeypatch.setattr(compat, "WORKAROUNDS", workarounds)
+    monkeypatch.setattr(compat, "_BY_NAME", {w.name: w for w in workarounds})
+
+
+def test_outside_the_verified_versions_nothing_is_patched(monkeypatch, fresh_compat):
+    from keras.src.backend.tensorflow.trainer import TensorFlowTrainer
+
+    original = TensorFlowTrainer._make_function
+    _replace(monkeypatch, "steps_per_execution_loop", verified=((3, 0), (3, 1)))
+    with pytest.warns(compat.CompatWarning,
+                      match=r"not installing `steps_per_execution_loop` \(keras#19246\): "
+                            rf"Keras {keras.__version__} is outside the versions it was "
+                            r"verified on \(3\.0 to 3\.1\)"):
+        installed = compat.apply()
+    assert "steps_per_execution_loop" not in installed
+    assert "symbolic_build_batch" in installed  # the others still are
+    assert TensorFlowTrainer._make_function is original
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # warned once only
+        compat.apply()
+    with pytest.raises(compat.UnsupportedVersionError,
+                       match=r"^--steps_per_execution=4 under 2 replicas needs keras_lars\.compat's "
+                             r"`steps_per_execution_loop` workaround \(keras#19246\), which cannot "
+                             r"be installed here: Keras .* Use Keras 3\.0 to 3\.1\.$"):
+        compat.require("steps_per_execution_loop", "--steps_per_execution=4 under 2 replicas")
+
+
+def test_a_changed_target_is_not_patched_and_the_feature_refuses(monkeypatch, fresh_compat):
+    """A Keras whose _maybe_symbolic_build has another signature: no patch,
+    and make_strategy("multi_worker") refuses before building anything."""
+    from keras.src.backend.tensorflow.trainer import TensorFlowTrainer
+
+    def changed(self, iterator=None, data_batch=None, extra=None):
+        raise AssertionError("never called")
+
+    monkeypatch.setattr(TensorFlowTrainer, "_maybe_symbolic_build", changed)
+    workaround = compat._BY_NAME["symbolic_build_batch"]
+    assert workaround.problem() == (
+        f"its target changed in Keras {keras.__version__}: TensorFlowTrainer._maybe_symbolic_build "
+        "takes (self, iterator, data_batch, extra), expected (self, iterator, data_batch)")
+    monkeypatch.setenv("TF_CONFIG", json.dumps({
+        "cluster": {"worker": ["localhost:1", "localhost:2"]},
+        "task": {"type": "worker", "index": 0}}))
+    with pytest.warns(compat.CompatWarning, match="not installing `symbolic_build_batch`"):
+        with pytest.raises(compat.UnsupportedVersionError,
+                           match=r"model\.fit under MultiWorkerMirroredStrategy needs "
+                                 r"keras_lars\.compat's `symbolic_build_batch`.*takes \(self, "
+                                 r"iterator, data_batch, extra\)"):
+            keras_lars.make_strategy("multi_worker")
+    assert TensorFlowTrainer._maybe_symbolic_build is changed
+    assert "symbolic_build_batch" not in compat.applied()
+
+
+def test_an_unexpected_epoch_iterator_is_a_clear_error(restore_compat):
+    """The iterator check at run time: an item that is neither (step,
+    batches) nor (begin, end, batches) is named, not unpacked."""
+    with compat.unpatched(), compat.patched(["symbolic_build_batch"]):
+        with tf.distribute.MirroredStrategy(CPUS).scope():
+            model = _bn_model()
+        with pytest.raises(compat.UnsupportedVersionError,
+                           match=r"`symbolic_build_batch` expected Keras's epoch iterator to "
+                                 r"yield \(step, batches\) or \(begin, end, batches\), got list"):
+            model._maybe_symbolic_build(iterator=iter([[0, 1, 2, 3]]))
+
+
+def test_a_workaround_is_not_installed_where_its_symptom_is_absent(monkeypatch, fresh_compat):
+    from keras.src.backend.tensorflow import trainer
+
+    original = trainer.reduce_per_replica
+    installed_version = tuple(int(p) for p in keras.__version__.split(".")[:2])
+    _replace(monkeypatch, "multi_worker_metrics", fixed_in=installed_version)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # not needed: no warning either
+        assert "multi_worker_metrics" not in compat.apply()
+    assert trainer.reduce_per_replica is original
+    compat.require("multi_worker_metrics", "anything")  # nothing needed, nothing refused
+
+
+def test_behaviour_changes_can_be_left_out(fresh_compat):
+    installed = compat.apply(behaviour_changes=False)
+    assert installed == tuple(w.name for w in compat.WORKAROUNDS
+                              if w.kind == "crash" and w.needed())
+    assert {"symbolic_build_batch", "multi_worker_metrics", "steps_per_execution_loop",
+            "distinct_collective_keys"} <= set(installed)
+    assert keras.layers.BatchNormalization.build.__module__.startswith("keras.")
+    with pytest.raises(compat.UnsupportedVersionError, match=r"call keras_lars\.compat\.apply\(\)"):
+        compat.require("mean_batch_norm_statistics", "the tool")
+
+
+def test_installing_is_logged_once_by_name(caplog, fresh_compat):
+    with caplog.at_level(logging.INFO, logger="keras_lars"):
+        compat.apply(["steps_per_execution_loop"])
+        compat.unapply()
+        compat.apply(["steps_per_execution_loop"])
+    messages = [r.getMessage() for r in caplog.records if r.name == "keras_lars"]
+    assert messages == ["keras_lars.compat installed `steps_per_execution_loop` "
+                        "(crash fix, keras#19246)"]
+
+
+def test_the_registry_table_lists_every_workaround():
+    table = compat.table().splitlines()
+    assert len(table) == 2 + len(compat.WORKAROUNDS)
+    for row, workaround in zip(table[2:], compat.WORKAROUNDS):
+        assert row.startswith(f"| `{workaround.name}` | {workaround.kind} | {workaround.issues} |")
+        assert row.endswith(f"| {workaround.describe_versions()} |")
+
+
+# --- the environment check at import -----------------------------------------
+@pytest.mark.subprocess
+@pytest.mark.parametrize("environment, fake_keras, message", [
+    ({"TF_USE_LEGACY_KERAS": "1"}, None,
+     r"keras_lars needs Keras 3, but TF_USE_LEGACY_KERAS=1 makes TensorFlow use Keras 2"),
+    ({}, "2.15.0", r"keras_lars needs Keras >= 3\.8, < 4; installed: keras 2\.15\.0"),
+    ({}, "3.7.0", r"keras_lars needs Keras >= 3\.8, < 4; installed: keras 3\.7\.0 .*keras#19891"),
+])
+def test_a_wrong_environment_is_one_import_error(environment, fake_keras, message, tmp_path):
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    path = [root]
+    if fake_keras:  # a `keras` package of another version, found first
+        (tmp_path / "keras").mkdir()
+        (tmp_path / "keras" / "__init__.py").write_text(f"__version__ = {fake_keras!r}\n")
+        path.insert(0, str(tmp_path))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(path), **environment)
+    program = ("import sys\ntry:\n    import keras_lars\nexcept ImportError as error:\n"
+               "    print(error)\n    sys.exit(3)\n")
+    result = subprocess.run([sys.executable, "-c", program], env=env, capture_output=True,
+                            text=True, timeout=300, check=False)
+    assert result.returncode == 3, result.stdout + result.stderr[-2000:]
+    assert re.search(message, result.stdout.strip()), result.stdout
+    assert len(result.stdout.strip().splitlines()) == 1
+
+
+def test_the_floor_matches_setup_cfg():
+    import configparser
+
+    from keras_lars import _environment
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    config = configparser.ConfigParser()
+    config.read(os.path.join(root, "setup.cfg"))
+    floor = ".".join(map(str, _environment.KERAS_FLOOR))
+    assert f"keras>={floor},<4" in config["options"]["install_requires"].split()
+    assert compat.KERAS_VERIFIED[0] == _environment.KERAS_FLOOR
+
+
+# --- distributed_datasets_from_function (needed before Keras 3.9) ------------
+def test_fit_on_distribute_datasets_from_function(restore_compat):
+    """keras#20134: on Keras < 3.9 Keras's own fit() rejects the dataset; the
+    workaround is installed there only, and fit() then trains as on the
+    datasets Keras knows. From 3.9 on Keras's own code does it."""
+    x, global_batches, y = _replica_data()
+
+    def fit(distribute):
+        strategy = tf.distribute.MirroredStrategy(CPUS)
+        with strategy.scope():
+            model = _bn_model(synchronized=True)
+        dataset = tf.data.Dataset.from_tensor_slices((global_batches, y))
+        if distribute:
+            data = strategy.distribute_datasets_from_function(
+                lambda context: dataset.batch(context.get_per_replica_batch_size(16)))
+        else:
+            data = dataset.batch(16)
+        model.fit(data, epochs=1, verbose=0)
+        return model.get_weights()
+
+    workaround = compat._BY_NAME["distributed_datasets_from_function"]
+    installed_version = tuple(int(p) for p in keras.__version__.split(".")[:2])
+    assert workaround.needed() == (installed_version < (3, 9))
+    with compat.unpatched():
+        if workaround.needed():
+            with pytest.raises(ValueError, match="Unrecognized data type"):
+                fit(distribute=True)
+        else:
+            reference = fit(distribute=False)
+            for a, b in zip(fit(distribute=True), reference):
+                np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-6)
+    compat.apply()
+    assert ("distributed_datasets_from_function" in compat.applied()) == workaround.needed()
+    reference = fit(distribute=False)
+    for a, b in zip(fit(distribute=True), reference):
+        np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-6)
+
+
+# --- on_read_metric_variables (needed before Keras 3.10) ---------------------
+def test_metrics_under_two_replicas_equal_one_device(restore_compat):
+    """keras#21054: before Keras 3.10, evaluate() under MirroredStrategy
+    reports another loss and accuracy than one device with the same weights;
+    the workaround is installed there only. From 3.10 on Keras is right."""
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(64, 5)).astype("float32")
+    y = rng.integers(0, 2, 64)
+    dataset = tf.data.Dataset.from_tensor_slices((x, y)).batch(16)
+
+    def evaluate(strategy):
+        keras.utils.set_random_seed(0)
+        with strategy.scope():
+            model = keras.Sequential([keras.Input((5,)), keras.layers.Dense(2)])
+            model.compile(loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+                          metrics=["accuracy"])
+        return model.evaluate(dataset, verbose=0)
+
+    single = evaluate(tf.distribute.get_strategy())
+    workaround = compat._BY_NAME["on_read_metric_variables"]
+    installed_version = tuple(int(p) for p in keras.__version__.split(".")[:2])
+    assert workaround.needed() == (installed_version < (3, 10))
+    with compat.unpatched():
+        own = evaluate(tf.distribute.MirroredStrategy(CPUS))
+    if workaround.needed():
+        assert abs(own[0] - single[0]) > 1e-3 and own[1] != single[1]  # the bug
+    else:
+        np.testing.assert_allclose(own, single, rtol=1e-6)
+    compat.apply()
+    assert ("on_read_metric_variables" in compat.applied()) == workaround.needed()
+    np.testing.assert_allclose(evaluate(tf.distribute.MirroredStrategy(CPUS)), single, rtol=1e-6)
+
+
+def test_the_readme_shows_the_current_registry():
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    with open(os.path.join(root, "README.md")) as f:
+        assert compat.table() in f.read()

@@ -272,14 +272,21 @@ def test_clipping_applies_to_the_all_reduced_gradient(case, restore_compat):
     unclipped = worker.train(single, optimizer=lambda: cls(**arguments))[0].get_weights()
     assert max(np.abs(a - b).max() for a, b in zip(reference, unclipped)) > 1e-3  # clipping acts
 
-    def mirrored():
+    def mirrored(optimizer=clipped):
         strategy = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
-        return worker.train(strategy, optimizer=clipped)[0].get_weights()
+        return worker.train(strategy, optimizer=optimizer)[0].get_weights()
 
     compat.apply()
     with compat.unpatched(["clip_after_all_reduce"]):
-        per_replica = mirrored()
-    assert max(np.abs(a - b).max() for a, b in zip(per_replica, reference)) > 1e-3  # the bug
+        # Keras's own optimizers clip each replica's part (the bug) ...
+        keras_sgd = lambda: keras.optimizers.SGD(0.1, **clipping)  # noqa: E731
+        single_sgd = worker.train(single, optimizer=keras_sgd)[0].get_weights()
+        per_replica = mirrored(keras_sgd)
+        assert max(np.abs(a - b).max() for a, b in zip(per_replica, single_sgd)) > 1e-4
+        # ... and keras_lars's refuse to, naming the missing workaround.
+        with pytest.raises(compat.UnsupportedVersionError,
+                           match=r"clipping .* under 2 replicas needs .*clip_after_all_reduce"):
+            mirrored()
     for a, b in zip(mirrored(), reference):
         np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-6)
 
@@ -293,8 +300,9 @@ def test_compat_apply_is_explicit_idempotent_and_reversible(restore_compat):
         originals = (trainer.TensorFlowTrainer._make_function,
                      trainer.TensorFlowTrainer._maybe_symbolic_build,
                      trainer.reduce_per_replica)
+        clip = keras_lars.layerwise.LayerwiseOptimizer._clip_gradients
         names = compat.apply()
-        assert names == tuple(w.name for w in compat.WORKAROUNDS)
+        assert names == tuple(w.name for w in compat.WORKAROUNDS if w.needed())
         patched = (trainer.TensorFlowTrainer._make_function,
                    trainer.TensorFlowTrainer._maybe_symbolic_build,
                    trainer.reduce_per_replica)
@@ -310,7 +318,7 @@ def test_compat_apply_is_explicit_idempotent_and_reversible(restore_compat):
         assert trainer.TensorFlowTrainer._make_function is not originals[0]
         compat.unapply()  # one undo each brings back Keras's own code
         assert compat.applied() == ()
-        assert "_clip_gradients" not in vars(keras_lars.layerwise.LayerwiseOptimizer)
+        assert keras_lars.layerwise.LayerwiseOptimizer._clip_gradients is clip
         assert (trainer.TensorFlowTrainer._make_function,
                 trainer.TensorFlowTrainer._maybe_symbolic_build,
                 trainer.reduce_per_replica) == originals
@@ -322,16 +330,20 @@ def test_compat_version_gate():
     def install():
         raise AssertionError("a workaround outside its versions must not be installed")
 
+    def gate(**kwargs):
+        return compat.Workaround("x", "keras#0", "symptom", "crash", install, lambda: None,
+                                 **kwargs)
+
     major_minor = tuple(int(p) for p in keras.__version__.split(".")[:2])
-    assert compat.Workaround("x", "keras#0", install).needed()  # since 3.0, still open
-    assert not compat.Workaround("x", "keras#0", install, fixed_in=major_minor).needed()
-    assert not compat.Workaround("x", "keras#0", install, since=(major_minor[0] + 1, 0)).needed()
+    assert gate().needed()  # since 3.0, still open
+    assert not gate(fixed_in=major_minor).needed()
+    assert not gate(since=(major_minor[0] + 1, 0)).needed()
     tf_major_minor = tuple(int(p) for p in tf.__version__.split(".")[:2])
-    assert compat.Workaround("x", "tensorflow#0", install, "tensorflow", since=(2, 0)).needed()
-    assert not compat.Workaround("x", "tensorflow#0", install, "tensorflow", since=(2, 0),
-                                 fixed_in=tf_major_minor).needed()
+    assert gate(package="tensorflow", since=(2, 0)).needed()
+    assert not gate(package="tensorflow", since=(2, 0), fixed_in=tf_major_minor).needed()
     for workaround in compat.WORKAROUNDS:
         assert workaround.issues.startswith(("keras#", "tensorflow#", "no upstream issue found"))
+        assert workaround.kind in ("crash", "behaviour")
 
 
 # --- the strategy factory ----------------------------------------------------
@@ -395,7 +407,7 @@ def test_factory_kinds(monkeypatch, restore_compat):
         assert compat.applied() == ()
         mirrored = distribute.make_strategy("mirrored", devices=["/cpu:0", "/cpu:1"])
         assert mirrored.num_replicas_in_sync == 2
-        assert compat.applied() == tuple(w.name for w in compat.WORKAROUNDS)
+        assert compat.applied() == tuple(w.name for w in compat.WORKAROUNDS if w.needed())
     assert distribute.is_chief(mirrored)
 
 

@@ -13,6 +13,7 @@ import tensorflow as tf
 import keras_lars
 from tests import optimizer_cases as cases
 from tests import reference
+from tests.conftest import requires_jax
 
 OPTIMIZERS = {
     "lars": lambda: keras_lars.LARS(learning_rate=0.5, weight_decay=1e-3, nesterov=True),
@@ -158,6 +159,7 @@ json.dump(results, sys.stdout)
 """
 
 
+@requires_jax
 @pytest.mark.subprocess
 def test_jax_backend_matches_numpy_reference():
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -175,3 +177,38 @@ def test_jax_backend_matches_numpy_reference():
                                    [0.05] * cases.STEPS, weight_decay=0.01)
     cases.assert_weights_close([np.array(w) for w in results["lars"]], lars_expected)
     cases.assert_weights_close([np.array(w) for w in results["lamb"]], lamb_expected)
+
+
+def test_slot_fallback_creates_what_keras_creates():
+    """`_add_slots_before_3_10` (Keras 3.8/3.9) against Keras's own
+    `add_optimizer_variables` where it exists: the same variables, in the
+    same interleaved order, None for a variable overwritten with its gradient."""
+    from keras_lars.layerwise import _add_slots_before_3_10
+
+    kernel = keras.Variable(np.ones((3, 2), "float32"), name="kernel")
+    bias = keras.Variable(np.ones((2,), "float32"), name="bias")
+    scale = keras.Variable(np.ones((), "float32"), name="scale")
+    scale.overwrite_with_gradient = True
+    variables = [kernel, bias, scale]
+
+    def describe(slots):
+        return [[None if v is None else (v.name, tuple(v.shape), v.dtype) for v in s]
+                for s in slots]
+
+    fallback_optimizer = keras.optimizers.SGD()
+    fallback = _add_slots_before_3_10(fallback_optimizer, variables, ["m", "v"])
+    assert describe(fallback) == [
+        [(f"{kernel.path}_m".replace("/", "_"), (3, 2), "float32"),
+         (f"{bias.path}_m".replace("/", "_"), (2,), "float32"), None],
+        [(f"{kernel.path}_v".replace("/", "_"), (3, 2), "float32"),
+         (f"{bias.path}_v".replace("/", "_"), (2,), "float32"), None],
+    ]
+    created = [v.name for v in fallback_optimizer.variables if v.name.endswith(("_m", "_v"))]
+    assert created == [fallback[0][0].name, fallback[1][0].name,
+                       fallback[0][1].name, fallback[1][1].name]  # interleaved
+    if hasattr(keras.optimizers.Optimizer, "add_optimizer_variables"):  # Keras 3.10+
+        keras_optimizer = keras.optimizers.SGD()
+        assert describe(keras_optimizer.add_optimizer_variables(variables, ["m", "v"])) == (
+            describe(fallback))
+        assert [v.name for v in keras_optimizer.variables] == [
+            v.name for v in fallback_optimizer.variables]

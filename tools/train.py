@@ -407,22 +407,33 @@ class RunState(keras.callbacks.Callback):
                 first = keras.ops.convert_to_numpy(variable)[0]
                 variable.assign([first, (epoch + 1) << 32])
         self._epoch, self._start, self._first_batch = epoch, time.time(), None
+        self._epoch_start_step = self._step()
+
+    def _step(self):
+        """The optimizer's step count (the inner optimizer's under loss
+        scaling: Keras 3.8's LossScaleOptimizer.iterations stays 0)."""
+        optimizer = keras_lars.callbacks.inner_optimizer(self.model.optimizer)
+        return int(keras.ops.convert_to_numpy(optimizer.iterations))
 
     def on_train_batch_end(self, batch, logs=None):
-        # `batch`: index of the epoch's last step run so far.
+        # Steps of this epoch run so far: from the optimizer, since Keras < 3.11
+        # hands an execution's first step as `batch` (3.11+: its last).
+        done = self._step() - self._epoch_start_step
         if self._first_batch is None:  # excludes tracing and pipeline start
-            self._first_batch = (batch, time.time())
-        self._last_batch = (batch, time.time())
+            self._first_batch = (done, time.time())
+        self._last_batch = (done, time.time())
         steps = self.plan.steps_in(self._epoch)
-        if steps < self.plan.steps_per_epoch and batch + 1 >= steps:
+        if steps < self.plan.steps_per_epoch and done >= steps:
             self.model.stop_training = True  # the end of a short last epoch
 
     def on_epoch_end(self, epoch, logs=None):
         logs = logs if logs is not None else {}
-        iterations = int(keras.ops.convert_to_numpy(self.model.optimizer.iterations))
+        iterations = self._step()
         logs["learning_rate"] = float(keras.ops.convert_to_numpy(self.schedule(iterations)))
         (first, t0), (last, t1) = self._first_batch, self._last_batch
-        record = {k: float(v) for k, v in logs.items()}
+        # convert_to_numpy: Keras 3.8 leaves a metric result that is an
+        # on-read variable (compat's on_read_metric_variables) unconverted.
+        record = {k: float(keras.ops.convert_to_numpy(v)) for k, v in logs.items()}
         record.update(epoch=epoch + 1, steps=iterations,
                       seconds=round(time.time() - self._start, 3))
         if last > first and t1 > t0:
@@ -506,10 +517,27 @@ def _write_json(path, value):
 
 # --- the run ---------------------------------------------------------------------------
 def make_strategy(config):
+    """The strategy of --strategy, with the compat workarounds this run needs."""
     try:
-        return keras_lars.make_strategy(config.strategy, tpu_address=config.tpu)
-    except ValueError as error:
+        strategy = keras_lars.make_strategy(config.strategy, tpu_address=config.tpu)
+    except (ValueError, keras_lars.compat.UnsupportedVersionError) as error:
         raise ConfigError(f"--strategy={config.strategy}: {error}") from None
+    replicas = strategy.num_replicas_in_sync
+    needs = []
+    if strategy is not tf.distribute.get_strategy():  # its input is distributed
+        needs.append(("distributed_datasets_from_function", f"--strategy={config.strategy}"))
+    if replicas > 1:
+        needs.append(("on_read_metric_variables", f"--strategy={config.strategy}"))
+    if replicas > 1 and config.steps_per_execution > 1:
+        needs.append(("steps_per_execution_loop", f"--steps_per_execution={config.steps_per_execution}"))
+    if replicas > 1 and not config.sync_batch_norm:
+        needs.append(("mean_batch_norm_statistics", "--nosync_batch_norm"))
+    for name, flag in needs:
+        try:
+            keras_lars.compat.require(name, f"{flag} under {replicas} replicas")
+        except keras_lars.compat.UnsupportedVersionError as error:
+            raise ConfigError(str(error)) from None
+    return strategy
 
 
 def train_and_evaluate(config):

@@ -1,0 +1,97 @@
+"""The TensorFlow x Keras version matrix, one fresh virtual environment per pair.
+
+    nox -s matrix                           # every pair: the whole suite
+    nox -t oldest -- tests/test_lars.py     # one pair (tags: oldest, newest), some tests
+    nox -s matrix_table                     # the README table from the last results
+
+Each pair installs the README's test extras (plus the `jax` extra, in the same
+resolver call so that it picks a jax that fits that TensorFlow) and pins
+`tensorflow-cpu` and `keras`. Results are appended to
+.nox/matrix-results.tsv (date, pair, passed, failed, errors, skipped, seconds).
+uv makes the environments when it is installed (pip install nox uv).
+"""
+
+import datetime
+import os
+import time
+import xml.etree.ElementTree as ElementTree
+
+import nox
+
+nox.options.default_venv_backend = "uv|virtualenv"
+nox.options.sessions = ["matrix"]
+
+# (TensorFlow, Keras): each TensorFlow line with the Keras of its release
+# (never below the floor, 3.8) and with the newest Keras 3.
+PAIRS = [
+    ("2.17.1", "3.8.0"),
+    ("2.17.1", "3.15.1"),
+    ("2.18.1", "3.8.0"),
+    ("2.18.1", "3.15.1"),
+    ("2.19.1", "3.10.0"),
+    ("2.19.1", "3.15.1"),
+    ("2.20.0", "3.11.3"),
+    ("2.20.0", "3.15.1"),
+    ("2.21.0", "3.15.1"),
+]
+OLDEST, NEWEST = PAIRS[0], PAIRS[-1]
+RESULTS = os.path.join(".nox", "matrix-results.tsv")
+
+
+def _tags(pair):
+    return [tag for tag, edge in (("oldest", OLDEST), ("newest", NEWEST)) if pair == edge]
+
+
+@nox.session
+@nox.parametrize(
+    "tensorflow, keras",
+    [nox.param(tf, k, id=f"tf{tf}-keras{k}", tags=_tags((tf, k))) for tf, k in PAIRS],
+)
+def matrix(session, tensorflow, keras):
+    """The test suite (or the tests named after --) on one pair."""
+    session.install("-e", ".[cpu,tools,test,jax]",
+                    f"tensorflow-cpu=={tensorflow}", f"keras=={keras}")
+    session.run("python", "-c", "import tensorflow, keras, jax; print("
+                "'tensorflow', tensorflow.__version__, 'keras', keras.__version__, "
+                "'jax', jax.__version__)")
+    report = os.path.join(session.create_tmp(), "junit.xml")
+    started = time.time()
+    try:
+        session.run("python", "-m", "pytest", "-q", f"--junitxml={report}", *session.posargs)
+    finally:
+        _record(tensorflow, keras, report, time.time() - started, bool(session.posargs))
+
+
+def _record(tensorflow, keras, report, seconds, partial):
+    if not os.path.exists(report):
+        return
+    suite = ElementTree.parse(report).getroot()
+    suite = suite if suite.tag == "testsuite" else suite.find("testsuite")
+    counts = {key: int(suite.get(key, 0)) for key in ("tests", "failures", "errors", "skipped")}
+    passed = counts["tests"] - counts["failures"] - counts["errors"] - counts["skipped"]
+    row = [datetime.date.today().isoformat(), tensorflow, keras, str(passed),
+           str(counts["failures"]), str(counts["errors"]), str(counts["skipped"]),
+           f"{seconds:.0f}", "some tests" if partial else "whole suite"]
+    with open(RESULTS, "a") as f:
+        f.write("\t".join(row) + "\n")
+
+
+@nox.session(venv_backend="none")
+def matrix_table(session):
+    """Prints the README table: the newest whole-suite result of each pair."""
+    latest = {}
+    with open(RESULTS) as f:
+        for line in f:
+            date, tensorflow, keras, passed, failed, errors, skipped, seconds, scope = (
+                line.rstrip("\n").split("\t"))
+            if scope == "whole suite":
+                latest[(tensorflow, keras)] = (date, passed, failed, errors, skipped, seconds)
+    print("| TensorFlow | Keras | passed | failed | errors | skipped | minutes | run on |")
+    print("|---|---|---|---|---|---|---|---|")
+    for pair in PAIRS:
+        if pair in latest:
+            date, passed, failed, errors, skipped, seconds = latest[pair]
+            print(f"| {pair[0]} | {pair[1]} | {passed} | {failed} | {errors} | {skipped} | "
+                  f"{int(seconds) / 60:.1f} | {date} |")
+        else:
+            print(f"| {pair[0]} | {pair[1]} | not run | | | | | |")
