@@ -657,7 +657,7 @@ def _shape_iterations_after_data():
     )
 
 
-_REPRODUCED = "Keras 3.8 to 3.15 with TensorFlow 2.17 to 2.21 (tests, every pair of noxfile.py)"
+_REPRODUCED = "every pair of noxfile.py (Keras 3.8 to 3.15, TensorFlow 2.17 to 2.21)"
 
 WORKAROUNDS = (
     Workaround(
@@ -810,16 +810,17 @@ def require(name, feature):
 
 def table():
     """The registry as a Markdown table (name, kind, upstream, symptom,
-    versions with the symptom, verified, reproduced)."""
+    versions with the symptom, where it was reproduced, verified)."""
     rows = [
-        "| workaround | kind | upstream | symptom without it | needed on | patch verified on |",
-        "|---|---|---|---|---|---|",
+        "| workaround | kind | upstream | symptom without it | needed on | symptom reproduced on "
+        "| patch verified on |",
+        "|---|---|---|---|---|---|---|",
     ]
     for w in WORKAROUNDS:
         needed = f"{_package_name(w.package)} {_dotted(w.since)}+" + (
             f", fixed in {_dotted(w.fixed_in)}" if w.fixed_in else " (open)")
         rows.append(f"| `{w.name}` | {w.kind} | {w.issues} | {w.symptom} | {needed} | "
-                    f"{w.describe_versions()} |")
+                    f"{w.reproduced} | {w.describe_versions()} |")
     return "\n".join(rows)
 
 
