@@ -693,7 +693,8 @@ WORKAROUNDS = (
         "from one device's (the replicas' metric states are merged on every update)",
         "behaviour", _install_on_read_metric_variables, _shape_on_read_metric_variables,
         fixed_in=(3, 10), verified=((3, 8), (3, 9)),
-        reproduced="Keras 3.8 and 3.9 with TensorFlow 2.17 and 2.18 (absent from 3.10 on)",
+        reproduced="Keras 3.8 with TensorFlow 2.17 and 2.18 (tests), 3.9.2 with TensorFlow "
+        "2.18.1 (by hand); absent from 3.10 on",
     ),
     Workaround(
         "distinct_collective_keys", "tensorflow#62790",
