@@ -38,6 +38,12 @@ OLDEST, NEWEST = PAIRS[0], PAIRS[-1]
 RESULTS = os.path.join(".nox", "matrix-results.tsv")
 
 
+def _jax_pins(keras):
+    """Keras 3.8/3.9's JAX backend calls jax.spmd_mode, which jax 0.6.1 removed."""
+    major, minor = (int(part) for part in keras.split(".")[:2])
+    return ["jax<0.6.1"] if (major, minor) < (3, 10) else []
+
+
 def _tags(pair):
     return [tag for tag, edge in (("oldest", OLDEST), ("newest", NEWEST)) if pair == edge]
 
@@ -50,7 +56,7 @@ def _tags(pair):
 def matrix(session, tensorflow, keras):
     """The test suite (or the tests named after --) on one pair."""
     session.install("-e", ".[cpu,tools,test,jax]",
-                    f"tensorflow-cpu=={tensorflow}", f"keras=={keras}")
+                    f"tensorflow-cpu=={tensorflow}", f"keras=={keras}", *_jax_pins(keras))
     session.run("python", "-c", "import tensorflow, keras, jax; print("
                 "'tensorflow', tensorflow.__version__, 'keras', keras.__version__, "
                 "'jax', jax.__version__)")
