@@ -15,6 +15,7 @@ KERAS_CEILING = (4, 0)  # exclusive
 
 
 def _version(text):
+    """'3.15.1' -> (3, 15, 1); pre-release suffixes are ignored."""
     return tuple(int(part) for part in re.findall(r"\d+", text)[:3])
 
 

@@ -39,12 +39,13 @@ import functools
 import inspect
 import itertools
 import logging
-import re
 import warnings
 from typing import Callable
 from typing import Optional
 
 import keras
+
+from keras_lars._environment import _version
 
 _LOG = logging.getLogger("keras_lars")
 
@@ -60,11 +61,6 @@ class CompatWarning(UserWarning):
 
 class UnsupportedVersionError(RuntimeError):
     """A keras_lars feature needs a workaround that is not installed."""
-
-
-def _version(text):
-    """'3.15.1' -> (3, 15, 1); pre-release suffixes are ignored."""
-    return tuple(int(part) for part in re.findall(r"\d+", text)[:3])
 
 
 def _installed_version(package):
