@@ -3,6 +3,7 @@
     nox -s matrix                           # every pair: the whole suite
     nox -t oldest -- tests/test_lars.py     # one pair (tags: oldest, newest), some tests
     nox -s matrix_table                     # the README table from the last results
+    nox -s wheel                            # the built wheel, installed, used from elsewhere
 
 Each pair installs the README's test extras (plus the `jax` extra, in the same
 resolver call so that it picks a jax that fits that TensorFlow) and pins
@@ -80,6 +81,35 @@ def _record(tensorflow, keras, report, seconds, partial):
            f"{seconds:.0f}", "some tests" if partial else "whole suite"]
     with open(RESULTS, "a") as f:
         f.write("\t".join(row) + "\n")
+
+
+@nox.session
+def wheel(session):
+    """Builds the wheel, installs it (not editable) with the README's tool
+    extras in a fresh environment, and from an unrelated directory checks
+    that it installed one top-level package, runs the three programs and
+    builds ResNet-50 with its 25,557,032 parameters."""
+    dist = session.create_tmp()
+    session.run("python", "-m", "pip", "wheel", "--no-deps", "-w", dist, ".",
+                external=True, silent=True)
+    (built,) = [name for name in os.listdir(dist) if name.endswith(".whl")]
+    session.install(f"{os.path.join(dist, built)}[cpu,tools]")
+    elsewhere = os.path.join(dist, "elsewhere")
+    os.makedirs(elsewhere, exist_ok=True)
+    session.chdir(elsewhere)
+    listing = session.run("pip", "show", "-f", "keras-lars", silent=True)
+    files = [line.strip() for line in listing.split("Files:")[1].splitlines() if line.strip()]
+    tops = {path.split("/")[0] for path in files if not path.startswith("..")}
+    if {top for top in tops if not top.endswith((".dist-info", ".pth"))} != {"keras_lars"}:
+        session.error(f"the wheel installs more than keras_lars: {sorted(tops)}")
+    for program in ("keras-lars-train", "keras-lars-study", "keras-lars-make-tfrecords"):
+        session.run(program, "--help", silent=True)
+    session.run("python", "-c", "import keras_lars.models, numpy; "
+                "n = sum(int(numpy.prod(v.shape)) for v in "
+                "keras_lars.models.resnet50().trainable_weights); "
+                "print('ResNet-50 trainable parameters:', n); assert n == 25557032, n")
+    session.run("keras-lars-train", "--train_epochs=1", "--model_dir=run")
+    session.run("python", "-m", "keras_lars.tools.train", "--train_epochs=2", "--model_dir=run")
 
 
 @nox.session(venv_backend="none")

@@ -229,6 +229,20 @@ def is_chief(strategy=None):
         return True
 
 
+def save_on_chief(save, directory, strategy=None):
+    """Calls save(directory) on the chief and save(scratch) on every other
+    worker, where scratch is a private temporary directory removed right
+    after: all workers save (as they must if saving ever needs collective
+    ops), only the chief's files are kept."""
+    if is_chief(strategy):
+        return save(directory)
+    scratch = tempfile.mkdtemp(prefix="keras_lars_scratch_")
+    try:
+        return save(scratch)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+
+
 @keras.saving.register_keras_serializable(package="keras_lars")
 class BackupAndRestore(keras.callbacks.BackupAndRestore):
     """`keras.callbacks.BackupAndRestore` that is safe with several workers.
@@ -244,15 +258,13 @@ class BackupAndRestore(keras.callbacks.BackupAndRestore):
     """
 
     def _save_model(self):
-        if is_chief(self.model.distribute_strategy):
-            return super()._save_model()
-        # A non-chief worker still saves (as it must if saving ever needs
-        # collectives), but where nobody reads, and removes it at once.
-        scratch = tempfile.mkdtemp(prefix="keras_lars_backup_")
-        try:
-            self.model.save_weights(os.path.join(scratch, "latest.weights.h5"))
-        finally:
-            shutil.rmtree(scratch, ignore_errors=True)
+        def save(directory):
+            if directory == self.backup_dir:
+                super(BackupAndRestore, self)._save_model()
+            else:
+                self.model.save_weights(os.path.join(directory, "latest.weights.h5"))
+
+        save_on_chief(save, self.backup_dir, self.model.distribute_strategy)
 
     def on_train_end(self, logs=None):
         if is_chief(self.model.distribute_strategy):

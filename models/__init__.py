@@ -2,16 +2,24 @@
 
 ResNet-18/34/50/101/152 (v1.5 by default, v1 as an option), single-tower
 AlexNet and AlexNet-BN, as functional `keras.Model`s that output logits.
+Installed as `keras_lars.models` (the repository keeps them in models/).
 """
 
-from models.alexnet import alexnet
-from models.alexnet import alexnet_bn
-from models.resnet import resnet
-from models.resnet import resnet18
-from models.resnet import resnet34
-from models.resnet import resnet50
-from models.resnet import resnet101
-from models.resnet import resnet152
+# This folder is installed as keras_lars.models (setup.cfg's package_dir). A
+# second name would give every module two copies in one process.
+if __name__ != "keras_lars.models":
+    raise ImportError(
+        f"import keras_lars.models, not {__name__}: this folder is the package keras_lars.models."
+    )
+
+from keras_lars.models.alexnet import alexnet
+from keras_lars.models.alexnet import alexnet_bn
+from keras_lars.models.resnet import resnet
+from keras_lars.models.resnet import resnet18
+from keras_lars.models.resnet import resnet34
+from keras_lars.models.resnet import resnet50
+from keras_lars.models.resnet import resnet101
+from keras_lars.models.resnet import resnet152
 
 __all__ = [
     "alexnet",

@@ -48,9 +48,9 @@ Choices shared by both (and stated because papers differ):
 
 import keras
 
-from models._common import batch_norm
-from models._common import check_common
-from models._common import classifier
+from keras_lars.models._common import batch_norm
+from keras_lars.models._common import check_common
+from keras_lars.models._common import classifier
 
 # (filters, kernel size, stride, max pool after)
 ALEXNET_CONVS = ((64, 11, 4, True), (192, 5, 1, True), (384, 3, 1, False),

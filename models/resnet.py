@@ -40,10 +40,10 @@ non-trainable and not counted), as published with torchvision:
 
 import keras
 
-from models._common import batch_norm
-from models._common import check_bool
-from models._common import check_common
-from models._common import classifier
+from keras_lars.models._common import batch_norm
+from keras_lars.models._common import check_bool
+from keras_lars.models._common import check_common
+from keras_lars.models._common import classifier
 
 # depth: (block kind, blocks per stage)
 DEPTHS = {

@@ -1,10 +1,12 @@
-"""The large-batch study (tools/batch_study.py): a tiny sweep end to end,
+"""The large-batch study (keras_lars.tools.batch_study): a tiny sweep end to end,
 reuse of finished cells, cell keys, rates, aggregation and bad flags."""
 
 import csv
 import dataclasses
 import json
 import os
+import subprocess
+import sys
 
 import keras
 import numpy as np
@@ -12,10 +14,10 @@ import pytest
 from absl import flags
 from PIL import Image
 
+from keras_lars.tools import batch_study
+from keras_lars.tools import input_pipeline
+from keras_lars.tools import train
 from tests import train_data
-from tools import batch_study
-from tools import input_pipeline
-from tools import train
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 TINY = ["--image_size=8", "--train_epochs=1", "--warmup_epochs=0", "--batch_sizes=512,full",
@@ -23,12 +25,11 @@ TINY = ["--image_size=8", "--train_epochs=1", "--warmup_epochs=0", "--batch_size
 
 
 def parse(*argv):
-    flags.FLAGS(["batch_study", *argv])
-    try:
-        values, given = train.parsed_flags()
-        return batch_study.study_from_flags(values, given)
-    finally:
-        flags.FLAGS.unparse_flags()
+    """The Study of a command line, through absl's parser and the study's flags."""
+    flag_values = flags.FlagValues()
+    batch_study.define_flags(flag_values)
+    flag_values(["batch_study", *argv])
+    return batch_study.study_from_flags(flag_values)
 
 
 def read_csv(path):
@@ -56,11 +57,11 @@ def test_tiny_sweep_writes_tables_and_plot_and_reuses_finished_cells(tmp_path, m
 
     monkeypatch.setattr(train, "train_and_evaluate", counting)
     study_dir = str(tmp_path / "study")
-    num_train = input_pipeline.load("digits", image_size=8).info.num_train
+    num_train = input_pipeline.Digits(image_size=8).info.num_train
     batches = (512, num_train)
     base = {"sgd": 0.1, "lars": 2.5}  # the defaults, linear scaling
 
-    batch_study.run(parse(*TINY, f"--study_dir={study_dir}"))
+    batch_study.run_study(parse(*TINY, f"--study_dir={study_dir}"))
     assert sorted(trainings) == sorted((o, b) for o in base for b in batches)
 
     rows = read_csv(os.path.join(study_dir, "cells.csv"))
@@ -104,7 +105,7 @@ def test_tiny_sweep_writes_tables_and_plot_and_reuses_finished_cells(tmp_path, m
     assert len(store_lines(study_dir)) == 4
 
     # The same command again: nothing is trained, the tables are the same.
-    _, trained = batch_study.run(parse(*TINY, f"--study_dir={study_dir}"))
+    _, trained = batch_study.run_study(parse(*TINY, f"--study_dir={study_dir}"))
     assert trained == [] and len(trainings) == 4
     assert read_csv(os.path.join(study_dir, "cells.csv")) == rows
     assert len(store_lines(study_dir)) == 4
@@ -120,7 +121,7 @@ def test_tiny_sweep_writes_tables_and_plot_and_reuses_finished_cells(tmp_path, m
         return {"key": cell.key, "row": row, "config": {}, "history": []}
 
     monkeypatch.setattr(batch_study, "run_cell", stand_in)
-    _, trained = batch_study.run(parse(*TINY, f"--study_dir={study_dir}",
+    _, trained = batch_study.run_study(parse(*TINY, f"--study_dir={study_dir}",
                                        "--base_learning_rates=sgd=0.2"))
     assert [(c.optimizer, c.batch_size) for c in asked] == [("sgd", b) for b in batches]
     assert trained == [c.key for c in asked]
@@ -131,10 +132,10 @@ def test_tiny_sweep_writes_tables_and_plot_and_reuses_finished_cells(tmp_path, m
 
 
 def test_peak_rates_follow_each_rule():
-    assert batch_study.peak_learning_rate(0.1, "linear", 1024) == pytest.approx(0.4)
-    assert batch_study.peak_learning_rate(0.01, "sqrt", 1024) == pytest.approx(0.02)
-    assert batch_study.peak_learning_rate(0.01, "sqrt", 64) == pytest.approx(0.005)
-    assert batch_study.peak_learning_rate(3.0, "none", 64) == 3.0
+    assert train.scaled_learning_rate(0.1, 1024, "linear") == pytest.approx(0.4)
+    assert train.scaled_learning_rate(0.01, 1024, "sqrt") == pytest.approx(0.02)
+    assert train.scaled_learning_rate(0.01, 64, "sqrt") == pytest.approx(0.005)
+    assert train.scaled_learning_rate(3.0, 64, "none") == 3.0
     study = parse("--lr_scaling=lars=sqrt", "--base_learning_rates=lamb=0.04")
     assert study.rates == {"sgd": (0.1, "linear"), "nesterov": (0.1, "linear"),
                            "lars": (2.5, "sqrt"), "lamb": (0.04, "sqrt")}
@@ -151,7 +152,7 @@ def test_study_defaults_and_keys_cover_the_whole_config():
     cells = batch_study.make_cells(study, 1438)
     config = cells[0].config
     assert (config.image_size, config.train_epochs, config.warmup_epochs) == (16, 10, 2.0)
-    assert parse("--image_size=24", "--train_epochs=4").shared["train_epochs"] == 4
+    assert parse("--image_size=24", "--train_epochs=4").shared.train_epochs == 4
     assert len({c.key for c in cells}) == len(cells)
     assert [c.batch_size for c in cells[:4]] == [32, 128, 512, 1438]
     assert all(c.config.model_dir.startswith(os.path.join(study.study_dir, "cells"))
@@ -218,17 +219,22 @@ def test_store_ignores_a_torn_last_line(tmp_path):
     (["--lr_scaling=lars=cubic"], "--lr_scaling"),
     (["--lr_scaling=lars"], "--lr_scaling"),
     (["--study_dir="], "--study_dir"),
-    (["--optimizer=lars"], "--optimizer is set per cell"),
-    (["--global_batch_size=64"], "--global_batch_size is set per cell"),
-    (["--base_learning_rate=1"], "--base_learning_rate is set per cell"),
-    (["--seed=3"], "--seed is set per cell"),
-    (["--model_dir=x"], "--model_dir is set per cell"),
     (["--momentum=1.5"], "--momentum=1.5"),
     (["--dataset=imagenet"], "--data_dir"),
 ])
 def test_bad_flags_name_the_flag(argv, culprit):
     with pytest.raises(train.ConfigError, match=culprit):
         parse(*argv)
+
+
+@pytest.mark.parametrize("flag", batch_study.PER_CELL)
+def test_the_settings_set_per_cell_are_not_flags(flag):
+    own = {field.name for field in dataclasses.fields(batch_study.StudySettings)}
+    if flag not in own:  # --lr_scaling is the study's own (optimizer=rule pairs)
+        with pytest.raises(flags.UnrecognizedFlagError, match=flag):
+            parse(f"--{flag}=1")
+    with pytest.raises(train.ConfigError, match=f"--{flag} is set per cell"):
+        batch_study.make_study(batch_study.StudySettings(), {flag: 1})
 
 
 def test_bad_batch_plans_are_refused_before_training():
@@ -241,21 +247,22 @@ def test_bad_batch_plans_are_refused_before_training():
 
 def test_command_line_error_is_one_line(tmp_path):
     study_dir = tmp_path / "study"
-    flags.FLAGS(["batch_study", "--batch_sizes=64,4096", f"--study_dir={study_dir}"])
-    try:
-        with pytest.raises(SystemExit) as exit_info:
-            batch_study.main(["batch_study"])
-    finally:
-        flags.FLAGS.unparse_flags()
-    assert exit_info.value.code == ("error: --batch_sizes=64,4096: 4096 exceeds the 1438 "
-                                    "training examples (an epoch would have no step).")
+    script = os.path.join(os.path.dirname(sys.executable), "keras-lars-study")
+    process = subprocess.run([script, "--batch_sizes=64,4096", f"--study_dir={study_dir}"],
+                             capture_output=True, text=True, timeout=300,
+                             env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"))
+    assert process.returncode == 1
+    errors = [line for line in process.stderr.splitlines() if line.startswith("error:")]
+    assert errors == ["error: --batch_sizes=64,4096: 4096 exceeds the 1438 training "
+                      "examples (an epoch would have no step)."]
+    assert "Traceback" not in process.stderr
     assert not study_dir.exists()
 
 
 def test_a_tfrecord_dataset_sweeps_up_to_its_whole_training_set(tmp_path):
     records = train_data.imagenet_records(str(tmp_path), train_per_class=8, eval_per_class=2)
     study_dir = str(tmp_path / "study")
-    rows, trained = batch_study.run(parse(
+    rows, trained = batch_study.run_study(parse(
         "--dataset=imagenet", f"--data_dir={records}", "--image_size=8", "--train_epochs=1",
         "--warmup_epochs=0", "--optimizers=lamb", "--batch_sizes=full", "--seeds=1",
         f"--study_dir={study_dir}"))

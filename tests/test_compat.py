@@ -475,9 +475,3 @@ def test_metrics_under_two_replicas_equal_one_device(restore_compat):
     compat.apply()
     assert ("on_read_metric_variables" in compat.applied()) == workaround.needed()
     np.testing.assert_allclose(evaluate(tf.distribute.MirroredStrategy(CPUS)), single, rtol=1e-6)
-
-
-def test_the_readme_shows_the_current_registry():
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    with open(os.path.join(root, "README.md")) as f:
-        assert compat.table() in f.read()

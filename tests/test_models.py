@@ -6,7 +6,7 @@ import pytest
 from sklearn.datasets import load_digits
 
 import keras_lars
-import models
+from keras_lars import models
 
 # Published parameter counts (torchvision's model documentation).
 PUBLISHED = {

@@ -1,6 +1,7 @@
-"""The training tool (tools/train.py), its input pipeline and make_tfrecords.
+"""The training tool (keras_lars.tools.train), its input pipeline and make_tfrecords.
 
-Programs run as users run them, `python -m tools.train ...` in child
+Programs run as users run them, `keras-lars-train ...` or
+`python -m keras_lars.tools.train ...` in child
 processes (two at a time where several are needed: tracing a Keras model is
 single-threaded); the pipeline's pieces are called in-process.
 """
@@ -25,10 +26,11 @@ from PIL import Image
 
 import keras_lars
 from tests import train_data
-from tools import checkpoints
-from tools import input_pipeline
-from tools import make_tfrecords
-from tools import train
+from keras_lars.tools import checkpoints
+from keras_lars.tools import input_pipeline
+from keras_lars.tools import make_tfrecords
+from keras_lars.tools import settings
+from keras_lars.tools import train
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TIMEOUT = 300  # seconds per child process; a hang fails the test
@@ -36,12 +38,16 @@ TIMEOUT = 300  # seconds per child process; a hang fails the test
 
 # --- helpers ---------------------------------------------------------------------
 def tool_command(*args):
-    return [sys.executable, "-m", "tools.train", *args]
+    return [sys.executable, "-m", "keras_lars.tools.train", *args]
 
 
-def run_tool(args, timeout=TIMEOUT):
+# The console script that the package installs next to this interpreter.
+TRAIN_SCRIPT = os.path.join(os.path.dirname(sys.executable), "keras-lars-train")
+
+
+def run_tool(args, timeout=TIMEOUT, command=tool_command):
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
-    return subprocess.run(tool_command(*args), cwd=ROOT, env=env, capture_output=True,
+    return subprocess.run(command(*args), cwd=ROOT, env=env, capture_output=True,
                           text=True, timeout=timeout)
 
 
@@ -103,7 +109,8 @@ def records(tmp_path_factory):
 def finished_run(tmp_path_factory):
     """The default run, shortened to 2 epochs, finished: (model_dir, process)."""
     model_dir = str(tmp_path_factory.mktemp("default") / "run")
-    process = run_tool(["--train_epochs=2", f"--model_dir={model_dir}"])
+    process = run_tool(["--train_epochs=2", f"--model_dir={model_dir}"],
+                       command=lambda *args: [TRAIN_SCRIPT, *args])
     assert process.returncode == 0, process.stderr[-3000:]
     return model_dir, process
 
@@ -202,7 +209,7 @@ def test_label_offset_maps_1_based_labels_to_0_based(tmp_path):
 
 
 def test_each_worker_reads_its_own_files_and_evaluates_its_share(records):
-    data = input_pipeline.load("imagenet", records, image_size=16)
+    data = input_pipeline.ImageNetRecords(records, image_size=16)
     contexts = [tf.distribute.InputContext(2, i, 2) for i in (0, 1)]
     shards = [input_pipeline.shard_files(data.info.train_files, c) for c in contexts]
     assert set(shards[0]).isdisjoint(shards[1])
@@ -225,7 +232,7 @@ def test_each_worker_reads_its_own_files_and_evaluates_its_share(records):
 
 
 def test_training_batches_are_a_pure_function_of_seed_and_epoch(records):
-    data = input_pipeline.load("imagenet", records, image_size=16, seed=5)
+    data = input_pipeline.ImageNetRecords(records, image_size=16, seed=5)
 
     def first_batches(epoch, data=data):
         return [x for x, _ in data.train(epoch, 8).take(3).as_numpy_iterator()]
@@ -234,9 +241,9 @@ def test_training_batches_are_a_pure_function_of_seed_and_epoch(records):
     for a, b in zip(first_batches(1), again):
         np.testing.assert_array_equal(a, b)
     assert not np.array_equal(first_batches(2)[0], again[0])
-    other_seed = input_pipeline.load("imagenet", records, image_size=16, seed=6)
+    other_seed = input_pipeline.ImageNetRecords(records, image_size=16, seed=6)
     assert not np.array_equal(first_batches(1, other_seed)[0], again[0])
-    digits = input_pipeline.load("digits")
+    digits = input_pipeline.Digits()
     a = [y for _, y in digits.train(3, 64).as_numpy_iterator()]
     b = [y for _, y in digits.train(3, 64).as_numpy_iterator()]
     np.testing.assert_array_equal(np.concatenate(a), np.concatenate(b))
@@ -247,7 +254,7 @@ def test_digits_split_is_fixed_whatever_the_seed():
     assert len(y_train) == 1438 and len(y_test) == 359  # 1797, a fifth held out
     assert x_train.shape == (1438, 32, 32, 3)
     assert sorted(set(y_test.tolist())) == list(range(10))
-    other = input_pipeline.load("digits", image_size=32, seed=9)
+    other = input_pipeline.Digits(image_size=32, seed=9)
     (_, _), (x_other, y_other) = other.arrays
     np.testing.assert_array_equal(x_other.numpy(), x_test)
     np.testing.assert_array_equal(y_other.numpy(), y_test)
@@ -315,14 +322,11 @@ def test_make_tfrecords_errors_name_the_file_or_folder(tmp_path):
 
 # --- flags and config -----------------------------------------------------------------
 def parse(*argv):
-    """Config from a command line, through absl's parser."""
-    flags.FLAGS.unparse_flags()
-    flags.FLAGS(["train", *argv])
-    try:
-        values, given = train.parsed_flags()
-        return train.config_from_flags(values, given)
-    finally:
-        flags.FLAGS.unparse_flags()
+    """Config from a command line, through absl's parser and the tool's flags."""
+    flag_values = flags.FlagValues()
+    settings.define_flags(train.Config, flag_values)
+    flag_values(["train", *argv])
+    return train.config_from_flags(*settings.from_flags(train.Config, flag_values))
 
 
 def test_the_default_command_line_is_the_digits_run():
@@ -366,7 +370,7 @@ def test_plan_counts_steps_and_rejects_bad_lengths():
         train.make_plan(train.Config(global_batch_size=10, train_epochs=2, warmup_epochs=3), 104)
     with pytest.raises(train.ConfigError, match="--global_batch_size=200"):
         train.make_plan(train.Config(global_batch_size=200), 104)
-    for bad, flag in ((dict(momentum=1.0), "--momentum"), (dict(peak_learning_rate=0.0),
+    for bad, flag in ((dict(momentum=1.0), "--momentum"), (dict(base_learning_rate=0.0),
                       "--base_learning_rate"), (dict(end_learning_rate=-1.0), "--end_learning_rate"),
                       (dict(trust_coefficient=0.0), "--trust_coefficient"),
                       (dict(label_smoothing=1.0), "--label_smoothing"),
@@ -421,7 +425,8 @@ def test_two_replicas_train_and_evaluate_padded_batches(monkeypatch, records, tm
     monkeypatch.setattr(train, "metrics", lambda n: metrics(n) + [WeightSum()])
     config = train.Config(model="alexnet_bn", dataset="imagenet", data_dir=records,
                           image_size=32, global_batch_size=16, train_epochs=1,
-                          warmup_epochs=0.5, peak_learning_rate=0.5, steps_per_execution=5,
+                          warmup_epochs=0.5, base_learning_rate=0.5, lr_scaling="none",
+                          steps_per_execution=5,
                           sync_batch_norm=True, model_dir=str(tmp_path / "run"))
     summary = train.train_and_evaluate(config)
     assert summary["steps"] == 15 and summary["final"]["steps"] == 15
@@ -430,7 +435,7 @@ def test_two_replicas_train_and_evaluate_padded_batches(monkeypatch, records, tm
     # validation images once: it equals a plain evaluation of the weights.
     model = train.create_model(config, 4)
     model.load_weights(str(tmp_path / "run" / "checkpoints" / "ckpt-0001.weights.h5"))
-    data = input_pipeline.load("imagenet", records, image_size=32)
+    data = input_pipeline.ImageNetRecords(records, image_size=32)
     images, labels = [], []
     for x, y in data.eval(16).map(lambda x, y, w: (x, y)).unbatch().take(60):
         images.append(x.numpy())

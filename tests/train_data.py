@@ -31,7 +31,7 @@ def colour_folders(root, per_class, seed=0, classes=len(COLOURS)):
 def imagenet_records(root, train_per_class=60, eval_per_class=15, num_shards=4):
     """Class folders converted to ImageNet-format shards in root/records
     (labels 1..4); returns that directory."""
-    from tools import make_tfrecords
+    from keras_lars.tools import make_tfrecords
 
     records = os.path.join(root, "records")
     make_tfrecords.convert(colour_folders(os.path.join(root, "train"), train_per_class),

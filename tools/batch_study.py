@@ -1,23 +1,20 @@
 """Large-batch study: test accuracy against the global batch size, per optimizer,
 at a fixed epoch budget.
 
-    python -m tools.batch_study    # digits, ResNet-18 at 16x16, 48 cells, ~40 min on 2 cores
+    keras-lars-study          # digits, ResNet-18 at 16x16, 48 cells, ~40 min on 2 cores
 
-    # your own ImageNet-format TFRecords (tools/make_tfrecords.py)
-    python -m tools.batch_study --dataset=imagenet --data_dir=data/photos \\
+    # your own ImageNet-format TFRecords (keras-lars-make-tfrecords)
+    keras-lars-study --dataset=imagenet --data_dir=data/photos \\
         --image_size=64 --batch_sizes=64,256,1024,full --train_epochs=30
 
 Every cell (optimizer, global batch B, seed) is one run of the training tool
-(`tools.train.train_and_evaluate`) for the same --train_epochs, so a larger
+(`keras_lars.tools.train.train_and_evaluate`; also `python -m keras_lars.tools.batch_study`) for the same --train_epochs, so a larger
 batch takes fewer steps: steps = epochs * floor(N / B) for N training
 examples ("full" in --batch_sizes is B = N: one step per epoch). Every
 optimizer follows `keras_lars.WarmupPolyDecay` (linear warmup over
 --warmup_epochs, power-2 decay to --end_learning_rate) with the peak rate its
-scaling rule gives from its base rate per 256 examples:
-
-    linear:  peak = base * B / 256          (keras_lars.linear_scaling, Goyal et al. 2017)
-    sqrt:    peak = base * sqrt(B / 256)    (the square-root rule of the LAMB paper)
-    none:    peak = base
+scaling rule gives from its base rate per 256 examples (the tool's
+--lr_scaling, `train.scaled_learning_rate`): linear, sqrt or none.
 
 Defaults (--base_learning_rates, --lr_scaling): momentum SGD and Nesterov 0.1
 per 256, linear (Goyal et al. 2017); LARS 2.5 per 256, linear; LAMB 0.01 per
@@ -34,12 +31,12 @@ batches take only a few steps, after which the moving averages (momentum 0.9)
 still hold much of their initial values; the second number separates what
 the optimizer reached from that lag.
 
-Every other setting is a flag of tools/train.py shared by all cells (--model,
---dataset, --data_dir, --image_size, --momentum, --weight_decay, ...); the
-study's own defaults: --train_epochs=10, --warmup_epochs=2 and, on digits,
---image_size=16. The flags the study sets per cell (--optimizer,
---global_batch_size, --base_learning_rate, --seed, --model_dir, ...) are
-refused.
+Every other setting is a flag of the training tool shared by all cells
+(--model, --dataset, --data_dir, --image_size, --momentum, --weight_decay,
+...); the study's own defaults: --train_epochs=10, --warmup_epochs=2 and, on
+digits, --image_size=16. The settings the study sets per cell (PER_CELL:
+--optimizer, --global_batch_size, --base_learning_rate, --seed, --model_dir,
+...) are not its flags.
 
 Outputs in --study_dir (a local directory):
 
@@ -52,92 +49,138 @@ Outputs in --study_dir (a local directory):
     cells/<name>/         each cell's model dir (config, summary, logs, train.log)
 
 Resuming: rerun the same command. A cell is identified by a hash of its whole
-training config (every field of tools.train.Config but its model dir): cells
+training config (every field of train.Config but its model dir): cells
 found in the store are not rerun, a cell whose config changed (another rate,
 epoch count, model, ...) gets a new key and runs, and a cell killed midway
 resumes from its last epoch checkpoint. Tables and plot are rewritten (under
 a temporary name, then renamed) after every cell.
 """
 
+import contextlib
+import csv
+import dataclasses
+import gc
+import hashlib
+import json
+import math
 import os
+import shutil
+import sys
+import time
 
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+import keras
+import numpy as np
+import tensorflow as tf
+from absl import app
+from absl import flags
 
-import contextlib  # noqa: E402
-import csv  # noqa: E402
-import dataclasses  # noqa: E402
-import gc  # noqa: E402
-import hashlib  # noqa: E402
-import json  # noqa: E402
-import math  # noqa: E402
-import shutil  # noqa: E402
-import sys  # noqa: E402
-import time  # noqa: E402
-
-from absl import app  # noqa: E402
-from absl import flags  # noqa: E402
-
-from tools import train  # noqa: E402  (defines the shared flags; imports TensorFlow)
-
-import keras  # noqa: E402
-import numpy as np  # noqa: E402
-
-import keras_lars  # noqa: E402
-from tools import checkpoints  # noqa: E402
-from tools import input_pipeline  # noqa: E402
+import keras_lars
+from keras_lars.tools import checkpoints
+from keras_lars.tools import input_pipeline
+from keras_lars.tools import settings
+from keras_lars.tools import storage
+from keras_lars.tools import train
+from keras_lars.tools.settings import ConfigError
+from keras_lars.tools.settings import at_least
+from keras_lars.tools.settings import setting
 
 DEFAULT_RATES = {"sgd": 0.1, "nesterov": 0.1, "lars": 2.5, "lamb": 0.01}
 DEFAULT_SCALING = {"sgd": "linear", "nesterov": "linear", "lars": "linear", "lamb": "sqrt"}
-SCALING_RULES = ("linear", "sqrt", "none")
-REFERENCE_BATCH = 256
+# The study's defaults for settings of the training tool.
 STUDY_DEFAULTS = {"train_epochs": 10, "warmup_epochs": 2.0}
 DIGITS_IMAGE_SIZE = 16
 FULL = "full"
 # Part of every cell's key: bump it when what a cell measures changes, so
 # that stored cells measured the old way are not reused.
-PROTOCOL = 2
+PROTOCOL = 3
 RECALIBRATION_BATCH = 256
 RECALIBRATION_EXAMPLES = 8192
-# Flags of tools/train.py that the study sets per cell, with what to use instead.
-PER_CELL_FLAGS = {
-    "optimizer": "--optimizers",
-    "global_batch_size": "--batch_sizes",
-    "base_learning_rate": "--base_learning_rates",
-    "seed": "--seeds",
-    "model_dir": "--study_dir",
-    "recipe": "--base_learning_rates and --lr_scaling",
-    "train_steps": "--train_epochs (the budget is in epochs)",
-    "eval": "nothing (every cell is evaluated)",
-    "trust_ratio_log_every": "tools.train for a single run",
-}
+# Settings of the training tool that the study sets per cell (they are not
+# its flags): the grid, the cell's model dir, and what every cell must do.
+PER_CELL = ("optimizer", "global_batch_size", "base_learning_rate", "lr_scaling", "seed",
+            "model_dir", "recipe", "train_steps", "eval", "trust_ratio_log_every")
 
-flags.DEFINE_list("optimizers", list(DEFAULT_RATES), f"Any of {', '.join(train.OPTIMIZERS)}.")
-flags.DEFINE_list(
-    "batch_sizes", ["32", "128", "512", FULL],
-    "Global batch sizes; 'full' is the whole training set (one step per epoch).",
-)
-flags.DEFINE_integer("seeds", 3, "Seeds per (optimizer, batch): 0, 1, ..., seeds - 1.")
-flags.DEFINE_list(
-    "base_learning_rates", [f"{k}={v}" for k, v in DEFAULT_RATES.items()],
-    "optimizer=rate pairs: peak rate per 256 examples, scaled by --lr_scaling; "
-    "optimizers not listed keep their default.",
-)
-flags.DEFINE_list(
-    "lr_scaling", [f"{k}={v}" for k, v in DEFAULT_SCALING.items()],
-    "optimizer=rule pairs, rule one of linear (base * B / 256), sqrt "
-    "(base * sqrt(B / 256)), none (base); optimizers not listed keep their default.",
-)
-flags.DEFINE_string("study_dir", "runs/batch_study", "Store, tables, plot and cell model dirs.")
-flags.adopt_module_key_flags(train)
 
-ConfigError = train.ConfigError
+def _pairs_check(parse):
+    """Checks 'optimizer=value' entries, parse(value) -> problem or None."""
+
+    def check(entries, config):
+        for entry in entries:
+            name, sep, value = entry.partition("=")
+            if not sep or name not in train.OPTIMIZERS:
+                return (f"expected optimizer=value pairs with optimizer one of "
+                        f"{', '.join(train.OPTIMIZERS)}; got {entry!r}")
+            problem = parse(value)
+            if problem:
+                return f"{entry!r}: {problem}"
+        return None
+
+    return check
+
+
+def _rate_problem(value):
+    try:
+        rate = float(value)
+    except ValueError:
+        rate = float("nan")
+    return None if rate > 0 and not math.isinf(rate) else "the rate must be a number > 0"
+
+
+def _rule_problem(value):
+    return (None if value in train.SCALING_RULES
+            else f"the rule must be one of {', '.join(train.SCALING_RULES)}")
+
+
+def _batch_sizes_problem(entries, config):
+    if not entries:
+        return "name at least one batch size"
+    for entry in entries:
+        if entry != FULL and not (entry.isdigit() and int(entry) >= 1):
+            return f"{entry!r} is neither a positive integer nor {FULL!r}"
+    return None
+
+
+def _optimizers_problem(names, config):
+    if not names:
+        return "name at least one optimizer"
+    if len(set(names)) < len(names):
+        return "an optimizer is listed twice"
+    return None
+
+
+@dataclasses.dataclass(frozen=True)
+class StudySettings:
+    """The study's own settings (its other flags are the training tool's)."""
+
+    optimizers: tuple = setting(tuple(DEFAULT_RATES), "Optimizers to compare.",
+                                choices=train.OPTIMIZERS, check=_optimizers_problem)
+    batch_sizes: tuple = setting(
+        ("32", "128", "512", FULL), "Global batch sizes; 'full' is the whole training "
+        "set (one step per epoch).", check=_batch_sizes_problem)
+    seeds: int = setting(3, "Seeds per (optimizer, batch): 0, 1, ..., seeds - 1.",
+                         check=at_least(1))
+    base_learning_rates: tuple = setting(
+        tuple(f"{k}={v}" for k, v in DEFAULT_RATES.items()),
+        "optimizer=rate pairs: peak rate per 256 examples, scaled by --lr_scaling; "
+        "optimizers not listed keep their default.", check=_pairs_check(_rate_problem))
+    lr_scaling: tuple = setting(
+        tuple(f"{k}={v}" for k, v in DEFAULT_SCALING.items()),
+        "optimizer=rule pairs, rule one of linear (base * B / 256), sqrt "
+        "(base * sqrt(B / 256)), none (base); optimizers not listed keep their default.",
+        check=_pairs_check(_rule_problem))
+    study_dir: str = setting(
+        "runs/batch_study", "Store, tables, plot and cell model dirs (a local directory).",
+        check=lambda value, config: None if value else "must be a directory path")
+
+    def __post_init__(self):
+        settings.check(self)
 
 
 @dataclasses.dataclass(frozen=True)
 class Study:
-    """A sweep: the shared tools.train flag values and the grid."""
+    """A sweep: the training settings every cell shares, and the grid."""
 
-    shared: dict  # tools.train flag values (per-cell ones are overwritten)
+    shared: train.Config  # its per-cell settings are overwritten by each cell
     optimizers: tuple
     batch_sizes: tuple  # ints and/or FULL
     seeds: int
@@ -160,101 +203,44 @@ class Cell:
 
 
 # --- flags -> Study ---------------------------------------------------------------------
-def _pairs(flag, entries, defaults, parse):
-    """{optimizer: parse(value)} from 'optimizer=value' entries over `defaults`."""
-    found = dict(defaults)
-    for entry in entries:
-        name, sep, value = entry.partition("=")
-        if not sep or name not in train.OPTIMIZERS:
-            raise ConfigError(
-                f"--{flag}={','.join(entries)}: expected optimizer=value pairs with "
-                f"optimizer one of {', '.join(train.OPTIMIZERS)}; got {entry!r}.")
-        found[name] = parse(value, entry)
-    return found
+def define_flags(flag_values=flags.FLAGS):
+    """The study's flags: its own settings and the training tool's shared ones."""
+    settings.define_flags(StudySettings, flag_values)
+    settings.define_flags(train.Config, flag_values, exclude=PER_CELL, defaults=STUDY_DEFAULTS)
 
 
-def study_from_flags(values, given=()):
-    """The Study of the flag values `values` (a dict: the study's flags and
-    tools/train.py's); `given`: names of the flags set on the command line."""
-    for name, instead in PER_CELL_FLAGS.items():
-        if name in given:
-            raise ConfigError(f"--{name} is set per cell by the study; use {instead}.")
-
-    optimizers = tuple(values["optimizers"])
-    if not optimizers:
-        raise ConfigError("--optimizers: name at least one optimizer.")
-    for name in optimizers:
-        if name not in train.OPTIMIZERS:
-            raise ConfigError(f"--optimizers={','.join(optimizers)}: unknown optimizer "
-                              f"{name!r}; expected any of {', '.join(train.OPTIMIZERS)}.")
-    if len(set(optimizers)) < len(optimizers):
-        raise ConfigError(f"--optimizers={','.join(optimizers)}: an optimizer is listed twice.")
-
-    batches = []
-    for entry in values["batch_sizes"]:
-        if entry == FULL:
-            batches.append(FULL)
-            continue
-        try:
-            batch = int(entry)
-        except ValueError:
-            batch = 0
-        if batch < 1:
-            raise ConfigError(f"--batch_sizes={','.join(values['batch_sizes'])}: {entry!r} is "
-                              f"neither a positive integer nor {FULL!r}.")
-        batches.append(batch)
-    if not batches:
-        raise ConfigError("--batch_sizes: name at least one batch size.")
-    if values["seeds"] < 1:
-        raise ConfigError(f"--seeds={values['seeds']}: must be >= 1.")
-
-    def rate(value, entry):
-        try:
-            rate = float(value)
-        except ValueError:
-            rate = float("nan")
-        if not rate > 0 or math.isinf(rate):
-            raise ConfigError(f"--base_learning_rates: {entry!r}: the rate must be a number > 0.")
-        return rate
-
-    def rule(value, entry):
-        if value not in SCALING_RULES:
-            raise ConfigError(f"--lr_scaling: {entry!r}: the rule must be one of "
-                              f"{', '.join(SCALING_RULES)}.")
-        return value
-
-    bases = _pairs("base_learning_rates", values["base_learning_rates"], DEFAULT_RATES, rate)
-    rules = _pairs("lr_scaling", values["lr_scaling"], DEFAULT_SCALING, rule)
-    if not values["study_dir"]:
-        raise ConfigError("--study_dir: must be a directory path.")
-
-    shared = dict(values)
-    for name, value in STUDY_DEFAULTS.items():
-        if name not in given:
-            shared[name] = value
-    if "image_size" not in given and shared["dataset"] == "digits":
+def make_study(own, shared):
+    """The Study of `own` (StudySettings) and `shared`: values of the
+    training tool's settings but PER_CELL (STUDY_DEFAULTS where absent;
+    image size 0 on digits: DIGITS_IMAGE_SIZE)."""
+    per_cell = sorted(set(shared) & set(PER_CELL))
+    if per_cell:
+        raise ConfigError(f"--{per_cell[0]} is set per cell by the study.")
+    shared = {**STUDY_DEFAULTS, **shared}
+    if not shared.get("image_size") and shared.get("dataset", train.Config.dataset) == "digits":
         shared["image_size"] = DIGITS_IMAGE_SIZE
-    shared.update(recipe="none", train_steps=0, eval=True, trust_ratio_log_every=0,
-                  base_learning_rate=1.0)
-    study = Study(shared, optimizers, tuple(batches), values["seeds"],
-                  {name: (bases[name], rules[name]) for name in optimizers},
-                  values["study_dir"])
-    cell_config(study, optimizers[0], 1, 0)  # checks the shared flags (names the flag)
-    return study
+
+    def pairs(entries, defaults, parse):
+        found = dict(defaults)
+        found.update((name, parse(value)) for name, _, value in
+                     (entry.partition("=") for entry in entries))
+        return found
+
+    bases = pairs(own.base_learning_rates, DEFAULT_RATES, float)
+    rules = pairs(own.lr_scaling, DEFAULT_SCALING, str)
+    batches = tuple(FULL if b == FULL else int(b) for b in own.batch_sizes)
+    base = train.Config(**shared)  # checks the shared settings (names the flag)
+    return Study(base, own.optimizers, batches, own.seeds,
+                 {name: (bases[name], rules[name]) for name in own.optimizers}, own.study_dir)
+
+
+def study_from_flags(flag_values=flags.FLAGS):
+    own, _ = settings.from_flags(StudySettings, flag_values)
+    shared, _ = settings.from_flags(train.Config, flag_values, exclude=PER_CELL)
+    return make_study(StudySettings(**own), shared)
 
 
 # --- the cells ---------------------------------------------------------------------------
-def peak_learning_rate(base, rule, batch_size):
-    """The peak rate of `rule` (see the module docstring) for `batch_size`."""
-    if rule == "linear":
-        return keras_lars.linear_scaling(base, batch_size, REFERENCE_BATCH)
-    if rule == "sqrt":
-        return base * math.sqrt(batch_size / REFERENCE_BATCH)
-    if rule == "none":
-        return base
-    raise ValueError(f"`rule` must be one of {SCALING_RULES}; got {rule!r}.")
-
-
 def cell_key(config):
     """A hash of every field of `config` but its model dir, and PROTOCOL."""
     fields = dataclasses.asdict(config)
@@ -265,13 +251,11 @@ def cell_key(config):
 
 
 def cell_config(study, optimizer, batch_size, seed):
-    """The tools.train Config of one cell (model dir still unset)."""
+    """The training Config of one cell (its model dir: the study dir)."""
     base, rule = study.rates[optimizer]
-    values = dict(study.shared, optimizer=optimizer, global_batch_size=batch_size, seed=seed,
-                  model_dir=study.study_dir)
-    config = train.config_from_flags(values)
-    return dataclasses.replace(config, peak_learning_rate=peak_learning_rate(base, rule,
-                                                                             batch_size))
+    return dataclasses.replace(
+        study.shared, optimizer=optimizer, global_batch_size=batch_size, seed=seed,
+        base_learning_rate=base, lr_scaling=rule, model_dir=study.study_dir)
 
 
 def resolve_batch_sizes(study, num_train):
@@ -469,14 +453,6 @@ def _finite(value):
     return value
 
 
-def _replace(path, write, mode="w"):
-    """Writes `path` through write(file) under a temporary name, then renames."""
-    partial = path + ".partial"
-    with open(partial, mode) as f:
-        write(f)
-    os.replace(partial, path)
-
-
 def write_table(stem, fields, rows, header):
     """stem.csv and stem.json (`header` plus the rows)."""
 
@@ -489,8 +465,9 @@ def write_table(stem, fields, rows, header):
         clean = [{k: _finite(row[k]) for k in fields} for row in rows]
         json.dump(dict(header, rows=clean), f, indent=1, allow_nan=False)
 
-    _replace(stem + ".csv", write_csv)
-    _replace(stem + ".json", write_json)
+    for path, write in ((stem + ".csv", write_csv), (stem + ".json", write_json)):
+        with storage.atomic_file(path) as f:
+            write(f)
 
 
 def plot(aggregated, path, title, num_train):
@@ -530,7 +507,8 @@ def plot(aggregated, path, title, num_train):
     panels[0].legend(title="optimizer", loc="lower left")
     figure.suptitle(title, fontsize=10)
     figure.tight_layout()
-    _replace(path, lambda f: figure.savefig(f, format="png"), mode="wb")
+    with storage.atomic_file(path, "wb") as f:
+        figure.savefig(f, format="png")
 
 
 def write_outputs(study, cells, records, num_train):
@@ -571,13 +549,11 @@ def write_outputs(study, cells, records, num_train):
 
 
 # --- the study ----------------------------------------------------------------------------
-def run(study):
+def run_study(study):
     """Runs the cells of `study` that the store lacks; returns (rows of the
     study's cells, keys of the cells trained by this call)."""
     config = cell_config(study, study.optimizers[0], 1, 0)
-    data = input_pipeline.load(
-        config.dataset, config.data_dir, config.image_size, config.num_classes,
-        config.label_offset, config.seed, config.train_examples, config.eval_examples)
+    data = input_pipeline.load(config)
     num_train = data.info.num_train
     cells = make_cells(study, num_train)
     os.makedirs(study.study_dir, exist_ok=True)
@@ -610,14 +586,19 @@ def run(study):
 def main(argv):
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
-    values, given = train.parsed_flags()
+    # Every cell builds a new model, which TensorFlow reports as "retracing".
+    tf.get_logger().setLevel("ERROR")
     try:
-        run(study_from_flags(values, given))
+        run_study(study_from_flags())
     except (ConfigError, input_pipeline.DataError) as error:
         sys.exit(f"error: {error}")
 
 
+def run(argv=None):
+    """The keras-lars-study entry point."""
+    define_flags()
+    app.run(main, argv)
+
+
 if __name__ == "__main__":
-    # Every cell builds a new model, which TensorFlow reports as "retracing".
-    train.tf.get_logger().setLevel("ERROR")
-    app.run(main)
+    run()

@@ -10,30 +10,38 @@ the ratios the project tracks:
     LAMB / Adam                goal <= 1.35
     LAMB / keras Lamb          goal <= 1.0
 
-    python -m tools.benchmark_optimizers [--rounds=15] [--modes=graph,xla]
+    python -m keras_lars.tools.benchmark_optimizers [--rounds=15] [--modes=graph,xla]
 """
 
+import dataclasses
 import os
+import time
 
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+import keras
+import numpy as np
+import tensorflow as tf
+from absl import app
 
-import time  # noqa: E402
+import keras_lars
+from keras_lars.tools import settings
+from keras_lars.tools.settings import at_least
+from keras_lars.tools.settings import setting
 
-import keras  # noqa: E402
-import numpy as np  # noqa: E402
-import tensorflow as tf  # noqa: E402
-from absl import app  # noqa: E402
-from absl import flags  # noqa: E402
+MODES = ("graph", "xla")
+SHAPES = ("resnet50", "keras_resnet50")
 
-import keras_lars  # noqa: E402
 
-tf.get_logger().setLevel("ERROR")
+@dataclasses.dataclass(frozen=True)
+class BenchmarkSettings:
+    rounds: int = setting(15, "Timed rounds per optimizer and mode.", check=at_least(1))
+    modes: tuple = setting(MODES, "Execution modes.", choices=MODES)
+    shapes: str = setting("resnet50", "resnet50: keras_lars.models.resnet50 (MLPerf v1.5, no "
+                          "conv biases); keras_resnet50: keras.applications.ResNet50.",
+                          choices=SHAPES)
 
-_ROUNDS = flags.DEFINE_integer("rounds", 15, "Timed rounds per optimizer and mode.", lower_bound=1)
-_MODES = flags.DEFINE_list("modes", ["graph", "xla"], "Any of: graph, xla.")
-_SHAPES = flags.DEFINE_enum("shapes", "resnet50", ["resnet50", "keras_resnet50"],
-                            "resnet50: models.resnet50 (MLPerf v1.5, no conv biases); "
-                            "keras_resnet50: keras.applications.ResNet50.")
+    def __post_init__(self):
+        settings.check(self)
+
 
 # Every optimizer trains with weight decay, as in real use: Keras's own apply
 # it decoupled, to every variable; LARS and LAMB couple it into their update.
@@ -49,7 +57,7 @@ RATIOS = [("lars", "sgd_momentum", 1.4), ("lamb", "adam", 1.35), ("lamb", "keras
 
 def resnet50_shapes(kind):
     if kind == "resnet50":
-        from models import resnet50
+        from keras_lars.models import resnet50
 
         model = resnet50()
     else:
@@ -91,11 +99,14 @@ def measure(shapes, modes, rounds):
 
 
 def main(argv):
-    del argv
-    shapes = resnet50_shapes(_SHAPES.value)
+    if len(argv) > 1:
+        raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
+    tf.get_logger().setLevel("ERROR")
+    options = BenchmarkSettings(**settings.from_flags(BenchmarkSettings)[0])
+    shapes = resnet50_shapes(options.shapes)
     print(f"{len(shapes)} variables, {sum(int(np.prod(s)) for s in shapes):,} parameters, "
           f"TF {tf.__version__}, Keras {keras.__version__}, {os.cpu_count()} CPUs")
-    results = measure(shapes, _MODES.value, _ROUNDS.value)
+    results = measure(shapes, options.modes, options.rounds)
     for mode, ms in results.items():
         print(f"\n[{mode}] median ms per apply: "
               + ", ".join(f"{name} {value:.1f}" for name, value in ms.items()))
@@ -105,5 +116,10 @@ def main(argv):
             print(f"  {ours} / {baseline} = {ratio:.2f}  (goal <= {goal}: {verdict})")
 
 
+def run(argv=None):
+    settings.define_flags(BenchmarkSettings)
+    app.run(main, argv)
+
+
 if __name__ == "__main__":
-    app.run(main)
+    run()

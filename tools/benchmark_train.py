@@ -1,7 +1,7 @@
 """Throughput of the training tool, measured in one run:
 
 (a) ResNet-50 training images/s through the tool's own code path
-    (tools.train.compiled_model: models.resnet50, LARS with the warmup/poly
+    (train.compiled_model: keras_lars.models.resnet50, LARS with the warmup/poly
     schedule, the tool's loss and metrics) on the tool's synthetic data,
     against a plain `keras.applications.ResNet50(weights=None)` with
     `keras.optimizers.SGD(momentum=0.9)` and `model.fit` on the same
@@ -9,41 +9,47 @@
     noise hits both alike.                          goal: tool / plain >= 1.0
 (b) the ImageNet input pipeline's training images/s (decode, random crop,
     resize, flip, normalise, batch) on generated ImageNet-sized JPEG records
-    (~500x375, written with tools/make_tfrecords.py to a temporary folder),
+    (~500x375, written with make_tfrecords to a temporary folder),
     against the tool's ResNet-50 images/s of (a).     goal: pipeline / model >= 2
 
-    python -m tools.benchmark_train [--size=224 --batch=16 --steps=3 --rounds=3]
+    python -m keras_lars.tools.benchmark_train [--size=224 --batch=16 --steps=3 --rounds=3]
 
 Defaults fit a 2-core CPU in a few minutes; on an accelerator raise
 --batch and --steps.
 """
 
+import dataclasses
 import os
+import shutil
+import tempfile
+import time
 
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+import keras
+import numpy as np
+import tensorflow as tf
+from absl import app
 
-import shutil  # noqa: E402
-import tempfile  # noqa: E402
-import time  # noqa: E402
+import keras_lars
+from keras_lars.tools import input_pipeline
+from keras_lars.tools import make_tfrecords
+from keras_lars.tools import settings
+from keras_lars.tools import train
+from keras_lars.tools.settings import at_least
+from keras_lars.tools.settings import setting
 
-import keras  # noqa: E402
-import numpy as np  # noqa: E402
-import tensorflow as tf  # noqa: E402
-from absl import app  # noqa: E402
-from absl import flags  # noqa: E402
-
-import keras_lars  # noqa: E402
-from tools import input_pipeline  # noqa: E402
-from tools import make_tfrecords  # noqa: E402
-from tools import train  # noqa: E402
-
-# (tools.train's own flags are defined too, since it is imported; these differ.)
-_IMAGE_SIZE = flags.DEFINE_integer("size", 224, "Training image side.", lower_bound=32)
-_BATCH = flags.DEFINE_integer("batch", 16, "Images per step.", lower_bound=1)
-_STEPS = flags.DEFINE_integer("steps", 3, "Timed steps per round and model.", lower_bound=1)
-_ROUNDS = flags.DEFINE_integer("rounds", 3, "Alternating timed rounds.", lower_bound=1)
-_IMAGES = flags.DEFINE_integer("records", 200, "Generated JPEG records for (b).", lower_bound=16)
 NUM_CLASSES = 1000
+
+
+@dataclasses.dataclass(frozen=True)
+class BenchmarkSettings:
+    size: int = setting(224, "Training image side.", check=at_least(32))
+    batch: int = setting(16, "Images per step.", check=at_least(1))
+    steps: int = setting(3, "Timed steps per round and model.", check=at_least(1))
+    rounds: int = setting(3, "Alternating timed rounds.", check=at_least(1))
+    records: int = setting(200, "Generated JPEG records for (b).", check=at_least(16))
+
+    def __post_init__(self):
+        settings.check(self)
 
 
 def models_to_compare(image_size, batch_size, steps):
@@ -98,7 +104,7 @@ def write_imagenet_sized_records(directory, count):
 
 def pipeline_throughput(records, image_size, batch_size, batches=30):
     """Training-pipeline images/s over `batches` batches, after one warm-up batch."""
-    data = input_pipeline.load("imagenet", records, image_size=image_size)
+    data = input_pipeline.ImageNetRecords(records, image_size=image_size)
     iterator = iter(data.train(0, batch_size))
     next(iterator)
     start = time.perf_counter()
@@ -108,12 +114,14 @@ def pipeline_throughput(records, image_size, batch_size, batches=30):
 
 
 def main(argv):
-    del argv
-    size, batch, steps = _IMAGE_SIZE.value, _BATCH.value, _STEPS.value
+    if len(argv) > 1:
+        raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
+    options = BenchmarkSettings(**settings.from_flags(BenchmarkSettings)[0])
+    size, batch, steps = options.size, options.batch, options.steps
     print(f"TF {tf.__version__}, Keras {keras.__version__}, {os.cpu_count()} CPUs; "
-          f"{size}x{size} images, batch {batch}, {steps} steps x {_ROUNDS.value} rounds")
+          f"{size}x{size} images, batch {batch}, {steps} steps x {options.rounds} rounds")
     rates = train_throughput(models_to_compare(size, batch, steps), batch, steps,
-                             _ROUNDS.value)
+                             options.rounds)
     for name, rate in rates.items():
         print(f"  {name}: {rate:.1f} images/s")
     (tool, tool_rate), (plain, plain_rate) = rates.items()
@@ -123,16 +131,21 @@ def main(argv):
 
     directory = tempfile.mkdtemp(prefix="benchmark_train_")
     try:
-        records = write_imagenet_sized_records(directory, _IMAGES.value)
+        records = write_imagenet_sized_records(directory, options.records)
         input_rate = pipeline_throughput(records, size, batch)
     finally:
         shutil.rmtree(directory, ignore_errors=True)
     ratio = input_rate / tool_rate
-    print(f"  input pipeline: {input_rate:.1f} images/s ({_IMAGES.value} JPEG records "
+    print(f"  input pipeline: {input_rate:.1f} images/s ({options.records} JPEG records "
           "of ~500x375)")
     print(f"(b) input pipeline / {tool} = {ratio:.2f}  "
           f"(goal >= 2: {'ok' if ratio >= 2 else 'below goal'})")
 
 
+def run(argv=None):
+    settings.define_flags(BenchmarkSettings)
+    app.run(main, argv)
+
+
 if __name__ == "__main__":
-    app.run(main)
+    run()

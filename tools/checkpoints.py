@@ -6,21 +6,19 @@ A checkpoint after epoch e is two files in the checkpoint directory:
     ckpt-000e.weights.h5    model and optimizer variables (`save_weights`)
 
 The JSON file is written first and each file appears under its final name
-only once complete (written aside, then renamed), so a weights file always
+only once complete (`storage.write_atomically`), so a weights file always
 has its state next to it and a kill at any moment leaves the previous
 checkpoint intact. After a save, checkpoints older than the previous one are
 removed. Paths go through `tf.io.gfile`, so the directory may be a bucket.
 """
 
-import json
 import os
 import re
-import shutil
-import tempfile
 
 import tensorflow as tf
 
-from keras_lars.distribute import is_chief
+from keras_lars.distribute import save_on_chief
+from keras_lars.tools import storage
 
 _NAME = re.compile(r"^ckpt-(\d+)\.weights\.h5$")
 KEEP = 2
@@ -41,27 +39,18 @@ def epochs_saved(directory):
 
 def save(model, directory, epoch, state, strategy=None):
     """Writes the checkpoint after `epoch` epochs; keeps it and the previous
-    one. Only the chief writes; other workers save into a scratch directory
-    (in case saving involves them) that is removed at once."""
-    if not is_chief(strategy):
-        scratch = tempfile.mkdtemp(prefix="keras_lars_ckpt_")
-        try:
-            model.save_weights(os.path.join(scratch, "model.weights.h5"))
-        finally:
-            shutil.rmtree(scratch, ignore_errors=True)
-        return
-    tf.io.gfile.makedirs(directory)
-    state_path, weights_path = _paths(directory, epoch)
-    with tf.io.gfile.GFile(state_path + ".partial", "w") as f:
-        json.dump(state, f)
-    tf.io.gfile.rename(state_path + ".partial", state_path, overwrite=True)
-    partial = weights_path[: -len(".weights.h5")] + ".partial.weights.h5"
-    model.save_weights(partial)
-    tf.io.gfile.rename(partial, weights_path, overwrite=True)
-    for old in epochs_saved(directory)[:-KEEP]:
-        for path in _paths(directory, old):
-            if tf.io.gfile.exists(path):
-                tf.io.gfile.remove(path)
+    one. Only the chief's files are kept (`keras_lars.distribute.save_on_chief`)."""
+
+    def write(directory):
+        state_path, weights_path = _paths(directory, epoch)
+        storage.write_json(state_path, state, indent=None)
+        storage.write_atomically(weights_path, model.save_weights)
+        for old in epochs_saved(directory)[:-KEEP]:
+            for path in _paths(directory, old):
+                if tf.io.gfile.exists(path):
+                    tf.io.gfile.remove(path)
+
+    save_on_chief(write, directory, strategy)
 
 
 def restore(model, directory):
@@ -71,8 +60,7 @@ def restore(model, directory):
     if not saved:
         return None
     state_path, weights_path = _paths(directory, saved[-1])
-    with tf.io.gfile.GFile(state_path) as f:
-        state = json.load(f)
+    state = storage.read_json(state_path)
     model.optimizer.build(model.trainable_variables)
     model.load_weights(weights_path)
     return state

@@ -9,7 +9,7 @@ worker) from a `tf.distribute.InputContext` and batched with the per-replica
 batch size, for `strategy.distribute_datasets_from_function`.
 
 ImageNet format (as written by tensorflow/tpu's imagenet_to_gcs.py and by
-tools/make_tfrecords.py): shards `train-*` and `validation-*` of
+keras-lars-make-tfrecords): shards `train-*` and `validation-*` of
 `tf.train.Example`s with
 
     image/encoded       bytes, a JPEG
@@ -25,24 +25,28 @@ with the ImageNet mean and standard deviation (of 0..255 values).
 """
 
 import dataclasses
+import inspect
 import json
+import math
 import os
+import typing
 
 import numpy as np
 import tensorflow as tf
 
-DATASETS = ("digits", "imagenet", "synthetic")
+from keras_lars.recipes import IMAGENET_TRAIN_EXAMPLES
+
 MEAN_RGB = (0.485 * 255, 0.456 * 255, 0.406 * 255)
 STDDEV_RGB = (0.229 * 255, 0.224 * 255, 0.225 * 255)
 AREA_RANGE = (0.08, 1.0)
 ASPECT_RATIO_RANGE = (3 / 4, 4 / 3)
 EVAL_CROP_FRACTION = 224 / 256
-IMAGENET_TRAIN_EXAMPLES = 1281167
 IMAGENET_EVAL_EXAMPLES = 50000
 IMAGENET_CLASSES = 1000
-TRAIN_PATTERN = "train-*"
-EVAL_PATTERN = "validation-*"
-INFO_FILE = "dataset.json"  # written by tools/make_tfrecords.py
+TRAIN_SPLIT, EVAL_SPLIT = "train", "validation"  # shard name prefixes
+TRAIN_PATTERN = f"{TRAIN_SPLIT}-*"
+EVAL_PATTERN = f"{EVAL_SPLIT}-*"
+INFO_FILE = "dataset.json"  # written by keras-lars-make-tfrecords
 DIGITS_CLASSES = 10
 DIGITS_SPLIT_SEED = 0  # the train/test split never changes with --seed
 DIGITS_TEST_FRACTION = 0.2
@@ -310,7 +314,7 @@ def load_digits(image_size):
     except ImportError:
         raise DataError(
             "--dataset=digits needs scikit-learn: pip install scikit-learn "
-            '(or pip install -e ".[cpu,tools]").'
+            "(or the tools extra: pip install 'keras-lars[tools]')."
         ) from None
     pixels, labels = sklearn_digits(return_X_y=True)
     images = pixels.reshape(-1, 8, 8, 1).astype("float32") * (255.0 / 16.0)
@@ -341,101 +345,111 @@ def arrays_train(images, labels, epoch, batch_size, seed, input_context=None):
     return dataset.prefetch(AUTOTUNE)
 
 
-# --- what the tool calls ------------------------------------------------------------
-@dataclasses.dataclass(frozen=True)
-class Data:
+# --- the data sources: one class each, behind one protocol ---------------------------
+class DataSource(typing.Protocol):
     """A data set ready to build its splits, per epoch and input pipeline.
 
-    `train(epoch, ...)` yields at least `steps_per_epoch` batches of
-    `global_batch_size / num_replicas` examples (the caller takes the
-    steps); `eval(...)` yields the evaluation split once.
+    Constructed from settings of the tool's Config (its constructor's
+    parameter names are Config field names; `load` passes them).
+    `train(epoch, ...)` yields at least the epoch's steps of batches of
+    `global_batch_size / num_replicas` examples (the caller takes the steps);
+    `eval(...)` yields `eval_steps(...)` full batches of (images, labels,
+    weights) covering the evaluation split once, padding with weight 0.
     """
 
     info: DatasetInfo
-    image_size: int
-    seed: int
-    label_offset: int
-    arrays: tuple = ()  # ((train x, y), (eval x, y)) tensors of in-memory data sets
 
-    def train(self, epoch, global_batch_size, input_context=None):
-        batch = _per_replica(global_batch_size, input_context)
-        if self.info.name == "digits":
-            (images, labels), _ = self.arrays
-            return arrays_train(images, labels, epoch, batch, self.seed, input_context)
-        if self.info.name == "synthetic":
-            return synthetic(batch, self.image_size, self.info.num_classes, self.seed)
-        return imagenet_train(
-            self.info.train_files, epoch, batch, self.image_size, self.seed,
-            self.label_offset, self.info.num_classes, input_context,
-        )
+    def train(self, epoch, global_batch_size, input_context=None): ...
+
+    def eval_steps(self, global_batch_size, num_pipelines=1): ...
+
+    def eval(self, global_batch_size, input_context=None): ...
+
+
+class _Source:
+    """What every source shares: the padded evaluation batches."""
+
+    default_image_size = 224
+    required_settings = ()  # constructor arguments that must be given
+
+    def eval_share(self, num_pipelines):
+        """The most evaluation examples one input pipeline holds."""
+        return math.ceil(self.info.num_eval / num_pipelines)
 
     def eval_steps(self, global_batch_size, num_pipelines=1):
         """Evaluation steps: enough for the largest pipeline's share."""
-        if self.info.name == "imagenet" and num_pipelines > 1:
-            # At most ceil(F / P) files of at most ceil(N / F) records each
-            # (shards of near-equal size, as make_tfrecords and
-            # tensorflow/tpu write them).
-            files = len(self.info.eval_files)
-            share = -(-files // num_pipelines) * -(-self.info.num_eval // files)
-        else:
-            share = -(-self.info.num_eval // num_pipelines)
-        return -(-share // (global_batch_size // num_pipelines))
+        return math.ceil(self.eval_share(num_pipelines) / (global_batch_size // num_pipelines))
 
     def eval(self, global_batch_size, input_context=None):
-        """The evaluation split as `padded_batches`: every pipeline yields
-        `eval_steps` steps of full batches, covering its share."""
         batch = _per_replica(global_batch_size, input_context)
         pipelines = input_context.num_input_pipelines if input_context else 1
         pipeline_id = input_context.input_pipeline_id if input_context else 0
-        if self.info.name == "synthetic":
-            examples = synthetic(batch, self.image_size, self.info.num_classes,
-                                 self.seed + 1).unbatch()
-        elif self.info.name == "digits":
-            _, (images, labels) = self.arrays
-            examples = tf.data.Dataset.from_tensor_slices(
-                (images[pipeline_id::pipelines], labels[pipeline_id::pipelines]))
-        else:
-            files = shard_files(self.info.eval_files, input_context)
-            examples = imagenet_eval_examples(files, self.image_size, self.label_offset,
-                                              self.info.num_classes)
+        examples = self.eval_examples(batch, pipeline_id, pipelines, input_context)
         local_replicas = global_batch_size // pipelines // batch
         steps = self.eval_steps(global_batch_size, pipelines)
         return padded_batches(examples, batch, steps * local_replicas, self.image_size)
 
 
-def _per_replica(global_batch_size, input_context):
-    if input_context is None:
-        return global_batch_size
-    return input_context.get_per_replica_batch_size(global_batch_size)
+class Digits(_Source):
+    """scikit-learn's 1797 handwritten digits in memory (`load_digits`),
+    read in the order of `epoch_permutation`; nothing is downloaded."""
+
+    default_image_size = 32
+
+    def __init__(self, image_size=32, seed=0, num_classes=0):
+        self.image_size, self.seed = image_size, seed
+        self.arrays = tf.nest.map_structure(tf.constant, load_digits(image_size))
+        (_, train_labels), (_, eval_labels) = self.arrays
+        self.info = DatasetInfo("digits", len(train_labels), len(eval_labels),
+                                num_classes or DIGITS_CLASSES)
+
+    def train(self, epoch, global_batch_size, input_context=None):
+        (images, labels), _ = self.arrays
+        return arrays_train(images, labels, epoch, _per_replica(global_batch_size, input_context),
+                            self.seed, input_context)
+
+    def eval_examples(self, batch, pipeline_id, pipelines, input_context):
+        _, (images, labels) = self.arrays
+        return tf.data.Dataset.from_tensor_slices(
+            (images[pipeline_id::pipelines], labels[pipeline_id::pipelines]))
 
 
-def load(dataset, data_dir=None, image_size=32, num_classes=0, label_offset=1,
-         seed=0, train_examples=0, eval_examples=0):
-    """The `Data` of `dataset` ("digits", "imagenet" or "synthetic").
+class Synthetic(_Source):
+    """Random images of ImageNet's sizes (`synthetic`), for throughput."""
 
-    ImageNet: lists `data_dir/train-*` and `data_dir/validation-*` and checks
-    the first record of every file (DataError naming the file). Counts and
-    classes: the arguments if > 0, else `data_dir/dataset.json` (written by
-    tools/make_tfrecords.py), else ImageNet's 1281167 / 50000 / 1000.
+    def __init__(self, image_size=224, seed=0, num_classes=0, train_examples=0,
+                 eval_examples=0):
+        self.image_size, self.seed = image_size, seed
+        self.info = DatasetInfo("synthetic", train_examples or IMAGENET_TRAIN_EXAMPLES,
+                                eval_examples or IMAGENET_EVAL_EXAMPLES,
+                                num_classes or IMAGENET_CLASSES)
+
+    def train(self, epoch, global_batch_size, input_context=None):
+        return synthetic(_per_replica(global_batch_size, input_context), self.image_size,
+                         self.info.num_classes, self.seed)
+
+    def eval_examples(self, batch, pipeline_id, pipelines, input_context):
+        return synthetic(batch, self.image_size, self.info.num_classes, self.seed + 1).unbatch()
+
+
+class ImageNetRecords(_Source):
+    """ImageNet-format TFRecords: `data_dir/train-*` and `data_dir/validation-*`.
+
+    The first record of every file is checked here (DataError naming the
+    file). Counts and classes: the arguments if > 0, else
+    `data_dir/dataset.json` (written by keras-lars-make-tfrecords), else
+    ImageNet's 1281167 / 50000 / 1000.
     """
-    arrays = ()
-    if dataset == "digits":
-        arrays = tf.nest.map_structure(tf.constant, load_digits(image_size))
-        (_, train_labels), (_, eval_labels) = arrays
-        info = DatasetInfo("digits", len(train_labels), len(eval_labels),
-                           num_classes or DIGITS_CLASSES)
-    elif dataset == "synthetic":
-        info = DatasetInfo(
-            "synthetic",
-            train_examples or IMAGENET_TRAIN_EXAMPLES,
-            eval_examples or IMAGENET_EVAL_EXAMPLES,
-            num_classes or IMAGENET_CLASSES,
-        )
-    elif dataset == "imagenet":
+
+    required_settings = ("data_dir",)
+
+    def __init__(self, data_dir=None, image_size=224, seed=0, label_offset=1, num_classes=0,
+                 train_examples=0, eval_examples=0):
+        self.image_size, self.seed, self.label_offset = image_size, seed, label_offset
         train_files = list_files(data_dir, TRAIN_PATTERN)
         eval_files = list_files(data_dir, EVAL_PATTERN)
         stored = _read_info(data_dir)
-        info = DatasetInfo(
+        self.info = DatasetInfo(
             "imagenet",
             train_examples or stored.get("train", IMAGENET_TRAIN_EXAMPLES),
             eval_examples or stored.get("validation", IMAGENET_EVAL_EXAMPLES),
@@ -443,10 +457,44 @@ def load(dataset, data_dir=None, image_size=32, num_classes=0, label_offset=1,
             train_files,
             eval_files,
         )
-        validate_files(train_files + eval_files, label_offset, info.num_classes)
-    else:
-        raise DataError(f"--dataset={dataset!r}: expected one of {DATASETS}.")
-    return Data(info, image_size, seed, label_offset, arrays)
+        validate_files(train_files + eval_files, label_offset, self.info.num_classes)
+
+    def train(self, epoch, global_batch_size, input_context=None):
+        return imagenet_train(
+            self.info.train_files, epoch, _per_replica(global_batch_size, input_context),
+            self.image_size, self.seed, self.label_offset, self.info.num_classes,
+            input_context)
+
+    def eval_share(self, num_pipelines):
+        if num_pipelines == 1:
+            return self.info.num_eval
+        # At most ceil(F / P) files of at most ceil(N / F) records each (shards
+        # of near-equal size, as make_tfrecords and tensorflow/tpu write them).
+        files = len(self.info.eval_files)
+        return math.ceil(files / num_pipelines) * math.ceil(self.info.num_eval / files)
+
+    def eval_examples(self, batch, pipeline_id, pipelines, input_context):
+        files = shard_files(self.info.eval_files, input_context)
+        return imagenet_eval_examples(files, self.image_size, self.label_offset,
+                                      self.info.num_classes)
+
+
+# --dataset names the source; adding a source is a class above and a line here.
+SOURCES = {"digits": Digits, "imagenet": ImageNetRecords, "synthetic": Synthetic}
+
+
+def load(config):
+    """The DataSource of `config.dataset`, built from the config's settings
+    that its constructor names."""
+    source = SOURCES[config.dataset]
+    names = inspect.signature(source).parameters
+    return source(**{name: getattr(config, name) for name in names})
+
+
+def _per_replica(global_batch_size, input_context):
+    if input_context is None:
+        return global_batch_size
+    return input_context.get_per_replica_batch_size(global_batch_size)
 
 
 def _read_info(data_dir):

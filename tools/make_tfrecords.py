@@ -1,9 +1,9 @@
 """Converts a folder of class folders of images into ImageNet-format TFRecords.
 
-    python -m tools.make_tfrecords --input_dir=photos/train --output_dir=data/photos
-    python -m tools.make_tfrecords --input_dir=photos/val --output_dir=data/photos \\
+    keras-lars-make-tfrecords --input_dir=photos/train --output_dir=data/photos
+    keras-lars-make-tfrecords --input_dir=photos/val --output_dir=data/photos \\
         --split=validation
-    python -m tools.train --dataset=imagenet --data_dir=data/photos --model=resnet50 ...
+    keras-lars-train --dataset=imagenet --data_dir=data/photos --model=resnet50 ...
 
 `input_dir` holds one folder per class (any names) of images (.jpg, .jpeg,
 .png, .bmp, .gif, .webp, .tif, .tiff). Classes are numbered in sorted folder
@@ -24,32 +24,56 @@ folders missing from an existing labels.txt are errors naming the file or
 folder (nothing is written then).
 """
 
+import dataclasses
+import io
+import math
+import multiprocessing
 import os
+import random
+import sys
 
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+import tensorflow as tf
+from absl import app
 
-import io  # noqa: E402
-import json  # noqa: E402
-import multiprocessing  # noqa: E402
-import random  # noqa: E402
-import sys  # noqa: E402
-
-from absl import app  # noqa: E402
-from absl import flags  # noqa: E402
+from keras_lars.tools import settings
+from keras_lars.tools import storage
+from keras_lars.tools.input_pipeline import EVAL_SPLIT
+from keras_lars.tools.input_pipeline import INFO_FILE
+from keras_lars.tools.input_pipeline import TRAIN_SPLIT
+from keras_lars.tools.settings import at_least
+from keras_lars.tools.settings import in_interval
+from keras_lars.tools.settings import one_of
+from keras_lars.tools.settings import setting
 
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".gif", ".webp", ".tif", ".tiff")
-SPLITS = ("train", "validation")
+SPLITS = (TRAIN_SPLIT, EVAL_SPLIT)
 LABELS_FILE = "labels.txt"
-INFO_FILE = "dataset.json"
 SHUFFLE_SEED = 0
+IMAGES_PER_SHARD = 1024
 
-flags.DEFINE_string("input_dir", None, "Folder of class folders of images.")
-flags.DEFINE_string("output_dir", None, "Where the shards, labels.txt and dataset.json go.")
-flags.DEFINE_enum("split", "train", SPLITS, "Shard file prefix (train-*, validation-*).")
-flags.DEFINE_integer("num_shards", 0, "Shards to write; 0: one per 1024 images.")
-flags.DEFINE_integer("first_label", 1, "Label of the first class (1: labels 1..N; 0: 0..N-1).")
-flags.DEFINE_integer("jpeg_quality", 95, "Quality of re-encoded JPEGs.")
-flags.DEFINE_integer("workers", 0, "Processes writing shards; 0: one per CPU.")
+
+def _required(value, config):
+    return None if value else "is required"
+
+
+@dataclasses.dataclass(frozen=True)
+class ConversionSettings:
+    """The settings of keras-lars-make-tfrecords."""
+
+    input_dir: str = setting(None, "Folder of class folders of images.", check=_required)
+    output_dir: str = setting(None, "Where the shards, labels.txt and dataset.json go "
+                              "(a folder or a bucket).", check=_required)
+    split: str = setting("train", "Shard file prefix (train-*, validation-*).", choices=SPLITS)
+    num_shards: int = setting(0, f"Shards to write; 0: one per {IMAGES_PER_SHARD} images.",
+                              check=at_least(0))
+    first_label: int = setting(1, "Label of the first class (1: labels 1..N; 0: 0..N-1).",
+                               check=one_of(0, 1))
+    jpeg_quality: int = setting(95, "Quality of re-encoded JPEGs (1..100).",
+                                check=in_interval(1, 101))
+    workers: int = setting(0, "Processes writing shards; 0: one per CPU.", check=at_least(0))
+
+    def __post_init__(self):
+        settings.check(self)
 
 
 class ConversionError(Exception):
@@ -94,7 +118,6 @@ def list_examples(input_dir, labels=None):
 
 def jpeg_example(path, label, synset, quality):
     """(serialized tf.train.Example bytes) of the image at `path`."""
-    import tensorflow as tf
     from PIL import Image
 
     with open(path, "rb") as f:
@@ -128,28 +151,26 @@ def jpeg_example(path, label, synset, quality):
 
 
 def _write_shard(job):
-    """Writes one shard under a temporary name (destination + ".partial")."""
-    import tensorflow as tf
-
+    """Writes one shard under its temporary name (`storage.partial_path`)."""
     examples, destination, first_label, quality = job
-    partial = destination + ".partial"
-    with tf.io.TFRecordWriter(partial) as writer:
+    with tf.io.TFRecordWriter(storage.partial_path(destination)) as writer:
         for path, index, synset in examples:
             writer.write(jpeg_example(path, first_label + index, synset, quality))
 
 
-def convert(input_dir, output_dir, split="train", num_shards=0, first_label=1,
+def convert(input_dir, output_dir, split=TRAIN_SPLIT, num_shards=0, first_label=1,
             jpeg_quality=95, workers=1):
     """Writes the shards of `split`; returns the number of examples."""
-    os.makedirs(output_dir, exist_ok=True)
+    gfile = tf.io.gfile
+    gfile.makedirs(output_dir)
     labels_path = os.path.join(output_dir, LABELS_FILE)
     labels = None
-    if os.path.exists(labels_path):
-        with open(labels_path) as f:
+    if gfile.exists(labels_path):
+        with gfile.GFile(labels_path) as f:
             labels = [line.rstrip("\n") for line in f if line.strip()]
     examples, classes = list_examples(input_dir, labels)
     random.Random(SHUFFLE_SEED).shuffle(examples)
-    num_shards = num_shards or -(-len(examples) // 1024)
+    num_shards = num_shards or math.ceil(len(examples) / IMAGES_PER_SHARD)
     if not 1 <= num_shards <= len(examples):
         raise ConversionError(
             f"--num_shards={num_shards} must be between 1 and the {len(examples)} images."
@@ -169,51 +190,46 @@ def convert(input_dir, output_dir, split="train", num_shards=0, first_label=1,
                 _write_shard(job)
     except BaseException:
         for _, destination, _, _ in jobs:
-            if os.path.exists(destination + ".partial"):
-                os.remove(destination + ".partial")
+            storage.discard(destination)
         raise
     # All shards good: publish them, then drop shards of an earlier conversion.
     for _, destination, _, _ in jobs:
-        os.replace(destination + ".partial", destination)
+        storage.publish(destination)
     new = {os.path.basename(destination) for _, destination, _, _ in jobs}
-    for name in os.listdir(output_dir):
+    for name in gfile.listdir(output_dir):
         if name.startswith(split + "-") and "-of-" in name and name not in new:
-            os.remove(os.path.join(output_dir, name))
+            gfile.remove(os.path.join(output_dir, name))
     if labels is None:
-        with open(labels_path, "w") as f:
+        with storage.atomic_file(labels_path) as f:
             f.write("".join(name + "\n" for name in classes))
     info_path = os.path.join(output_dir, INFO_FILE)
-    info = {}
-    if os.path.exists(info_path):
-        with open(info_path) as f:
-            info = json.load(f)
+    info = storage.read_json(info_path) if gfile.exists(info_path) else {}
     info.update({split: len(examples), "num_classes": len(classes),
                  "first_label": first_label})
-    with open(info_path + ".partial", "w") as f:
-        json.dump(info, f, indent=1)
-    os.replace(info_path + ".partial", info_path)
+    storage.write_json(info_path, info)
     return len(examples)
 
 
 def main(argv):
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
-    f = flags.FLAGS
-    for name in ("input_dir", "output_dir"):
-        if not f[name].value:
-            sys.exit(f"error: --{name} is required.")
-    if f.first_label not in (0, 1):
-        sys.exit(f"error: --first_label={f.first_label} must be 0 or 1.")
-    if not 1 <= f.jpeg_quality <= 100:
-        sys.exit(f"error: --jpeg_quality={f.jpeg_quality} must be in 1..100.")
     try:
-        count = convert(f.input_dir, f.output_dir, f.split, f.num_shards, f.first_label,
-                        f.jpeg_quality, f.workers or os.cpu_count() or 1)
-    except ConversionError as error:
+        options = ConversionSettings(**settings.from_flags(ConversionSettings)[0])
+        count = convert(options.input_dir, options.output_dir, options.split,
+                        options.num_shards, options.first_label, options.jpeg_quality,
+                        options.workers or os.cpu_count() or 1)
+    except (settings.ConfigError, ConversionError) as error:
         sys.exit(f"error: {error}")
-    print(f"wrote {count} examples to {f.output_dir}/{f.split}-*; train with "
-          f"--dataset=imagenet --data_dir={f.output_dir} --label_offset={f.first_label}")
+    print(f"wrote {count} examples to {options.output_dir}/{options.split}-*; train with "
+          f"--dataset=imagenet --data_dir={options.output_dir} "
+          f"--label_offset={options.first_label}")
+
+
+def run(argv=None):
+    """The keras-lars-make-tfrecords entry point."""
+    settings.define_flags(ConversionSettings)
+    app.run(main, argv)
 
 
 if __name__ == "__main__":
-    app.run(main)
+    run()

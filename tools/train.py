@@ -1,6 +1,6 @@
 """Trains an image classifier with LARS, LAMB or momentum SGD.
 
-    python -m tools.train            # ResNet-18 on scikit-learn's digits, 1-1.5 min on 2 cores
+    keras-lars-train           # ResNet-18 on scikit-learn's digits, 1-1.5 min on 2 cores
 
 With no flags it trains ResNet-18 at 32x32 with LARS and the warmup +
 polynomial-decay schedule on scikit-learn's handwritten digits (1797 8x8
@@ -11,46 +11,45 @@ the same command resumes from the last checkpoint (also after a kill) and
 ends with the same result as an uninterrupted run.
 
     # ResNet-50 on ImageNet TFRecords, the MLPerf LARS recipe for the batch
-    python -m tools.train --dataset=imagenet --data_dir=/data/imagenet \\
+    keras-lars-train --dataset=imagenet --data_dir=/data/imagenet \\
         --model=resnet50 --global_batch_size=1024 --recipe=mlperf \\
         --precision=bfloat16 --model_dir=runs/resnet50
 
     # on a TPU pod slice, data and model dir in a bucket
-    python -m tools.train --strategy=tpu --tpu=local --dataset=imagenet \\
+    keras-lars-train --strategy=tpu --tpu=local --dataset=imagenet \\
         --data_dir=gs://bucket/imagenet --model_dir=gs://bucket/runs/r50 \\
         --model=resnet50 --global_batch_size=32768 --recipe=mlperf \\
         --precision=bfloat16 --steps_per_execution=39 --sync_batch_norm
 
-The program reads top to bottom: flags -> Config (validated once) -> data,
-strategy, model, optimizer -> fit with checkpoints -> summary. Flags are
-parsed only in main(); everything below it takes the frozen Config.
+(also `python -m keras_lars.tools.train`). The program reads top to bottom:
+Config (every setting declared once; the flags are derived from it and
+defined only by `run`) -> data, strategy, model, optimizer -> fit with
+checkpoints -> summary. Importing this module has no side effects.
 """
 
+import dataclasses
+import importlib.util
+import math
 import os
 import sys
+import time
 
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-os.environ.setdefault("KERAS_BACKEND", "tensorflow")
-try:
-    import tensorflow as tf
-except ImportError:
-    sys.exit('error: the training tool needs TensorFlow: pip install -e ".[cpu,tools]" '
-             "(or .[tensorflow], .[tpu]).")
+import keras
+import tensorflow as tf
+from absl import app
 
-import dataclasses  # noqa: E402
-import importlib.util  # noqa: E402
-import json  # noqa: E402
-import math  # noqa: E402
-import time  # noqa: E402
-
-import keras  # noqa: E402
-from absl import app  # noqa: E402
-from absl import flags  # noqa: E402
-
-import keras_lars  # noqa: E402
-import models  # noqa: E402
-from tools import checkpoints  # noqa: E402
-from tools import input_pipeline  # noqa: E402
+import keras_lars
+from keras_lars import models
+from keras_lars.tools import checkpoints
+from keras_lars.tools import input_pipeline
+from keras_lars.tools import settings
+from keras_lars.tools import storage
+from keras_lars.tools.settings import ConfigError
+from keras_lars.tools.settings import at_least
+from keras_lars.tools.settings import greater_than
+from keras_lars.tools.settings import in_interval
+from keras_lars.tools.settings import one_of
+from keras_lars.tools.settings import setting
 
 MODELS = {
     "resnet18": models.resnet18,
@@ -65,189 +64,159 @@ OPTIMIZERS = ("lars", "lamb", "sgd", "nesterov")
 STRATEGIES = ("default", "mirrored", "multi_worker", "tpu")
 PRECISIONS = {"float32": "float32", "bfloat16": "mixed_bfloat16", "float16": "mixed_float16"}
 RECIPES = ("none", "mlperf")
-DEFAULT_IMAGE_SIZE = {"digits": 32, "imagenet": 224, "synthetic": 224}
-
-# --- flags (read only in main) --------------------------------------------------
-flags.DEFINE_enum("model", "resnet18", list(MODELS), "Network (models/).")
-flags.DEFINE_enum(
-    "optimizer", "lars", OPTIMIZERS,
-    "lars: keras_lars.LARS; lamb: keras_lars.LAMB; sgd / nesterov: momentum SGD "
-    "with the same coupled weight decay (LARS with layer adaptation off).",
-)
-flags.DEFINE_integer("global_batch_size", 128, "Images per step over all replicas.")
-flags.DEFINE_float(
-    "base_learning_rate", 10.0,
-    "Peak learning rate per 256 images: peak = base * global_batch_size / 256 "
-    "(keras_lars.linear_scaling). Ignored with --recipe=mlperf unless given.",
-)
-flags.DEFINE_enum(
-    "recipe", "none", RECIPES,
-    "mlperf: peak rate, warmup, epochs, momentum, weight decay and label "
-    "smoothing of the MLPerf ResNet-50 LARS table for the global batch "
-    "(keras_lars.resnet50_lars_recipe); flags given explicitly still win.",
-)
-flags.DEFINE_float("end_learning_rate", 1e-4, "Rate at the end of the polynomial decay.")
-flags.DEFINE_float("warmup_epochs", 2.0, "Linear warmup length in epochs (may be fractional).")
-flags.DEFINE_integer("train_epochs", 15, "Training length in epochs.")
-flags.DEFINE_integer("train_steps", 0, "If > 0, training length in steps (overrides --train_epochs).")
-flags.DEFINE_float("momentum", 0.9, "Momentum (lars, sgd, nesterov) or LAMB's beta_1.")
-flags.DEFINE_float("weight_decay", 1e-4, "Coupled L2 weight decay; biases and batch norm excluded.")
-flags.DEFINE_float("trust_coefficient", 0.001, "LARS trust coefficient eta.")
-flags.DEFINE_float("label_smoothing", 0.0, "Label smoothing of the cross-entropy (0.1 in MLPerf).")
-flags.DEFINE_enum(
-    "precision", "float32", list(PRECISIONS),
-    "bfloat16 / float16: Keras mixed precision (float16 adds loss scaling); "
-    "variables and logits stay float32.",
-)
-flags.DEFINE_enum(
-    "strategy", "default", STRATEGIES,
-    "default: one device; mirrored: all local GPUs; multi_worker: the cluster "
-    "of TF_CONFIG; tpu: the TPU at --tpu (keras_lars.make_strategy).",
-)
-flags.DEFINE_string("tpu", None, "TPU name, grpc://address or 'local' (default: $TPU_NAME).")
-flags.DEFINE_enum(
-    "dataset", "digits", list(input_pipeline.DATASETS),
-    "digits: scikit-learn's handwritten digits (nothing downloaded); imagenet: "
-    "ImageNet-format TFRecords in --data_dir (train-*, validation-*); synthetic: "
-    "random images of ImageNet's sizes, for throughput.",
-)
-flags.DEFINE_string("data_dir", None, "Directory (or bucket) of the TFRecord shards.")
-flags.DEFINE_integer(
-    "label_offset", 1,
-    "Subtracted from image/class/label: 1 for labels 1..N (tensorflow/tpu, "
-    "tools/make_tfrecords.py), 0 for 0..N-1.",
-)
-flags.DEFINE_integer("image_size", 0, "Input side in pixels; 0: 32 for digits, 224 otherwise.")
-flags.DEFINE_integer("num_classes", 0, "Classes; 0: the data set's (dataset.json, 1000, 10).")
-flags.DEFINE_integer("train_examples", 0, "Training examples per epoch; 0: the data set's.")
-flags.DEFINE_integer("eval_examples", 0, "Evaluation examples; 0: the data set's.")
-flags.DEFINE_bool("sync_batch_norm", False, "Batch-norm statistics over all replicas.")
-flags.DEFINE_string(
-    "model_dir", None,
-    "Checkpoints, TensorBoard logs (logs/), summary.json; rerunning resumes. "
-    "Default: runs/<dataset>.",
-)
-flags.DEFINE_integer("steps_per_execution", 1, "Steps per compiled call (large on TPUs).")
-flags.DEFINE_bool("eval", True, "Evaluate after every epoch.")
-flags.DEFINE_bool("run_eagerly", False, "Debugging: run the train step eagerly (no tracing).")
-flags.DEFINE_integer("seed", 0, "Seed of the weights, data order and augmentation.")
-flags.DEFINE_integer(
-    "trust_ratio_log_every", 0,
-    "If > 0, log LARS/LAMB per-layer trust ratios to TensorBoard every that "
-    "many steps (keras_lars.TrustRatioMonitor).",
-)
+SCALING_RULES = ("linear", "sqrt", "none")
+REFERENCE_BATCH = 256
 
 
-class ConfigError(ValueError):
-    """A bad flag value; the message names the flag."""
+def scaled_learning_rate(base, global_batch_size, rule):
+    """The peak learning rate from a base rate per REFERENCE_BATCH (256) images:
+
+        linear:  base * B / 256          (keras_lars.linear_scaling, Goyal et al. 2017)
+        sqrt:    base * sqrt(B / 256)    (the square-root rule of the LAMB paper)
+        none:    base
+    """
+    if rule == "linear":
+        return keras_lars.linear_scaling(base, global_batch_size, REFERENCE_BATCH)
+    if rule == "sqrt":
+        return base * math.sqrt(global_batch_size / REFERENCE_BATCH)
+    if rule == "none":
+        return base
+    raise ValueError(f"`rule` must be one of {SCALING_RULES}; got {rule!r}.")
+
+
+def _needs(condition, requirement):
+    """A check of a setting against the rest of the config."""
+    return lambda value, config: None if condition(value, config) else requirement
 
 
 @dataclasses.dataclass(frozen=True)
 class Config:
-    """Everything a run depends on, resolved from the flags."""
+    """Every setting of a training run: one declaration each (name, type,
+    default, help, check). Flags, config.json, the study's cell keys and
+    docs/flags.md are derived from these fields. Checked on construction
+    (ConfigError naming the flag); image_size=0 and model_dir="" resolve to
+    the data set's defaults. `--recipe` is applied by `config_from_flags`."""
 
-    model: str = "resnet18"
-    optimizer: str = "lars"
-    global_batch_size: int = 128
-    peak_learning_rate: float = 5.0
-    end_learning_rate: float = 1e-4
-    warmup_epochs: float = 2.0
-    train_epochs: int = 15
-    train_steps: int = 0
-    momentum: float = 0.9
-    weight_decay: float = 1e-4
-    trust_coefficient: float = 0.001
-    label_smoothing: float = 0.0
-    precision: str = "float32"
-    strategy: str = "default"
-    tpu: str = None
-    dataset: str = "digits"
-    data_dir: str = None
-    label_offset: int = 1
-    image_size: int = 32
-    num_classes: int = 0
-    train_examples: int = 0
-    eval_examples: int = 0
-    sync_batch_norm: bool = False
-    model_dir: str = "runs/digits"
-    steps_per_execution: int = 1
-    eval: bool = True
-    run_eagerly: bool = False
-    seed: int = 0
-    trust_ratio_log_every: int = 0
+    model: str = setting("resnet18", "Network (keras_lars.models).", choices=MODELS)
+    optimizer: str = setting(
+        "lars", "lars: keras_lars.LARS; lamb: keras_lars.LAMB; sgd / nesterov: momentum "
+        "SGD with the same coupled weight decay (LARS with layer adaptation off).",
+        choices=OPTIMIZERS)
+    global_batch_size: int = setting(128, "Images per step over all replicas.",
+                                     check=at_least(1))
+    base_learning_rate: float = setting(
+        10.0, "Peak learning rate per 256 images, scaled to the batch by --lr_scaling. "
+        "With --recipe=mlperf and not given: the recipe's peak for the batch, unscaled.",
+        check=greater_than(0))
+    lr_scaling: str = setting(
+        "linear", "Peak rate from the base rate for batch B: linear: base * B / 256; "
+        "sqrt: base * sqrt(B / 256); none: base.", choices=SCALING_RULES)
+    recipe: str = setting(
+        "none", "mlperf: peak rate, warmup, epochs, momentum, weight decay and label "
+        "smoothing of the MLPerf ResNet-50 LARS table for the global batch "
+        "(keras_lars.resnet50_lars_recipe); flags given explicitly still win.",
+        choices=RECIPES,
+        check=lambda value, c: None if value == "none" or c.optimizer == "lars" else (
+            f"a LARS recipe; --optimizer={c.optimizer} needs its own --base_learning_rate, "
+            "--warmup_epochs, ..."))
+    end_learning_rate: float = setting(1e-4, "Rate at the end of the polynomial decay.",
+                                       check=at_least(0))
+    warmup_epochs: float = setting(2.0, "Linear warmup length in epochs (may be fractional).",
+                                   check=at_least(0))
+    train_epochs: int = setting(
+        15, "Training length in epochs.",
+        check=_needs(lambda value, c: value >= 1 or c.train_steps > 0, "must be >= 1"))
+    train_steps: int = setting(
+        0, "If > 0, training length in steps (overrides --train_epochs).",
+        check=_needs(lambda value, c: value >= 0, "must be >= 0 (0: use --train_epochs)"))
+    momentum: float = setting(
+        0.9, "Momentum (lars, sgd, nesterov) or LAMB's beta_1.",
+        check=_needs(lambda value, c: 0 <= value < 1 and (value > 0 or c.optimizer != "nesterov"),
+                     "must be in [0, 1) (and > 0 for nesterov)"))
+    weight_decay: float = setting(
+        1e-4, "Coupled L2 weight decay; biases and batch norm excluded.", check=at_least(0))
+    trust_coefficient: float = setting(0.001, "LARS trust coefficient eta.",
+                                       check=greater_than(0))
+    label_smoothing: float = setting(
+        0.0, "Label smoothing of the cross-entropy (0.1 in MLPerf).", check=in_interval(0, 1))
+    precision: str = setting(
+        "float32", "bfloat16 / float16: Keras mixed precision (float16 adds loss "
+        "scaling); variables and logits stay float32.", choices=PRECISIONS)
+    strategy: str = setting(
+        "default", "default: one device; mirrored: all local GPUs; multi_worker: the "
+        "cluster of TF_CONFIG; tpu: the TPU at --tpu (keras_lars.make_strategy).",
+        choices=STRATEGIES, resumable=True)
+    tpu: str = setting(None, "TPU name, grpc://address or 'local' (default: $TPU_NAME).", resumable=True)
+    dataset: str = setting(
+        "digits", "digits: scikit-learn's handwritten digits (nothing downloaded); "
+        "imagenet: ImageNet-format TFRecords in --data_dir (train-*, validation-*); "
+        "synthetic: random images of ImageNet's sizes, for throughput.",
+        choices=input_pipeline.SOURCES)
+    data_dir: str = setting(None, "Directory (or bucket) of the TFRecord shards.", resumable=True)
+    label_offset: int = setting(
+        1, "Subtracted from image/class/label: 1 for labels 1..N (tensorflow/tpu, "
+        "keras-lars-make-tfrecords), 0 for 0..N-1.", check=one_of(0, 1))
+    image_size: int = setting(
+        0, "Input side in pixels; 0: the data set's (32 for digits, 224 otherwise).",
+        check=at_least(8))
+    num_classes: int = setting(0, "Classes; 0: the data set's (dataset.json, 1000, 10).",
+                               check=at_least(0))
+    train_examples: int = setting(0, "Training examples per epoch; 0: the data set's.",
+                                  check=at_least(0))
+    eval_examples: int = setting(0, "Evaluation examples; 0: the data set's.",
+                                 check=at_least(0))
+    sync_batch_norm: bool = setting(
+        False, "Batch-norm statistics over all replicas.",
+        check=_needs(lambda value, c: not (value and c.model == "alexnet"),
+                     "alexnet has no batch norm"))
+    model_dir: str = setting(
+        "", "Checkpoints, TensorBoard logs (logs/), summary.json; rerunning resumes. "
+        "Empty: runs/<dataset>.", resumable=True)
+    steps_per_execution: int = setting(1, "Steps per compiled call (large on TPUs).",
+                                       check=at_least(1), resumable=True)
+    eval: bool = setting(True, "Evaluate after every epoch.", resumable=True)
+    run_eagerly: bool = setting(False, "Debugging: run the train step eagerly (no tracing).", resumable=True)
+    seed: int = setting(0, "Seed of the weights, data order and augmentation.")
+    trust_ratio_log_every: int = setting(
+        0, "If > 0, log LARS/LAMB per-layer trust ratios to TensorBoard every that many "
+        "steps (keras_lars.TrustRatioMonitor).",
+        check=_needs(lambda value, c: value >= 0 and (value == 0 or c.optimizer in ("lars", "lamb")),
+                     "must be >= 0, and trust ratios exist for lars and lamb only"), resumable=True)
 
     def __post_init__(self):
-        def need(condition, flag, requirement, value=None):
-            if not condition:
-                value = getattr(self, flag) if value is None else value
-                raise ConfigError(f"--{flag}={value}: {requirement}.")
+        if self.image_size == 0 and self.dataset in input_pipeline.SOURCES:
+            default = input_pipeline.SOURCES[self.dataset].default_image_size
+            object.__setattr__(self, "image_size", default)
+        if not self.model_dir:
+            object.__setattr__(self, "model_dir", os.path.join("runs", str(self.dataset)))
+        settings.check(self)
+        for name in input_pipeline.SOURCES[self.dataset].required_settings:
+            if not getattr(self, name):
+                raise ConfigError(f"--{name} is required with --dataset={self.dataset}.")
 
-        for flag, choices in (("model", MODELS), ("optimizer", OPTIMIZERS),
-                              ("strategy", STRATEGIES), ("precision", PRECISIONS),
-                              ("dataset", input_pipeline.DATASETS)):
-            need(getattr(self, flag) in choices, flag, f"expected one of {', '.join(choices)}")
-        need(self.global_batch_size >= 1, "global_batch_size", "must be >= 1")
-        need(self.peak_learning_rate > 0, "base_learning_rate",
-             "the peak learning rate must be > 0", self.peak_learning_rate)
-        need(self.end_learning_rate >= 0, "end_learning_rate", "must be >= 0")
-        need(self.warmup_epochs >= 0, "warmup_epochs", "must be >= 0")
-        need(self.train_steps > 0 or self.train_epochs >= 1, "train_epochs", "must be >= 1")
-        need(self.train_steps >= 0, "train_steps", "must be >= 0 (0: use --train_epochs)")
-        need(0 <= self.momentum < 1, "momentum", "must be in [0, 1)")
-        need(self.optimizer != "nesterov" or self.momentum > 0, "momentum",
-             "nesterov needs momentum > 0")
-        need(self.weight_decay >= 0, "weight_decay", "must be >= 0")
-        need(self.trust_coefficient > 0, "trust_coefficient", "must be > 0")
-        need(0 <= self.label_smoothing < 1, "label_smoothing", "must be in [0, 1)")
-        need(self.image_size >= 8, "image_size", "must be >= 8")
-        need(self.num_classes >= 0, "num_classes", "must be >= 0 (0: the data set's)")
-        need(self.label_offset in (0, 1), "label_offset", "must be 0 or 1")
-        need(self.steps_per_execution >= 1, "steps_per_execution", "must be >= 1")
-        need(self.trust_ratio_log_every >= 0, "trust_ratio_log_every", "must be >= 0")
-        need(self.trust_ratio_log_every == 0 or self.optimizer in ("lars", "lamb"),
-             "trust_ratio_log_every", "trust ratios exist for lars and lamb only")
-        need(self.dataset != "imagenet" or bool(self.data_dir), "data_dir",
-             "--dataset=imagenet reads TFRecords from --data_dir")
-        need(not (self.sync_batch_norm and self.model == "alexnet"), "sync_batch_norm",
-             "alexnet has no batch norm")
-        need(bool(self.model_dir), "model_dir", "must be a directory path")
+    @property
+    def peak_learning_rate(self):
+        return scaled_learning_rate(self.base_learning_rate, self.global_batch_size,
+                                    self.lr_scaling)
 
 
 def config_from_flags(values, given=()):
-    """The Config of the flag values `values` (a dict); `given`: the names of
-    the flags set on the command line (they win over --recipe)."""
-    v = dict(values)
-    dataset = v["dataset"]
-    if v["global_batch_size"] < 1:
-        raise ConfigError(f"--global_batch_size={v['global_batch_size']}: must be >= 1.")
-    if v["base_learning_rate"] <= 0 and (v["recipe"] == "none" or "base_learning_rate" in given):
-        raise ConfigError(f"--base_learning_rate={v['base_learning_rate']}: must be > 0.")
-    peak = keras_lars.linear_scaling(max(v["base_learning_rate"], 0.0), v["global_batch_size"])
-    if v["recipe"] == "mlperf":
-        if v["optimizer"] != "lars":
-            raise ConfigError(
-                f"--recipe=mlperf is a LARS recipe; --optimizer={v['optimizer']} "
-                "needs its own --base_learning_rate, --warmup_epochs, ..."
-            )
-        recipe = keras_lars.resnet50_lars_recipe(v["global_batch_size"])
-        if "base_learning_rate" not in given:
-            peak = recipe.peak_learning_rate
-        for flag, value in (("warmup_epochs", recipe.warmup_epochs),
-                            ("train_epochs", int(recipe.train_epochs)),
-                            ("momentum", recipe.momentum),
-                            ("weight_decay", recipe.weight_decay),
-                            ("label_smoothing", recipe.label_smoothing),
-                            ("end_learning_rate", recipe.end_learning_rate)):
-            if flag not in given:
-                v[flag] = value
-    fields = {field.name for field in dataclasses.fields(Config)}
-    resolved = {name: value for name, value in v.items() if name in fields}
-    resolved.update(
-        peak_learning_rate=peak,
-        image_size=v["image_size"] or DEFAULT_IMAGE_SIZE[dataset],
-        model_dir=v["model_dir"] or os.path.join("runs", dataset),
-    )
-    return Config(**resolved)
+    """The Config of the flag values `values` (a dict) with --recipe applied
+    to the settings not in `given` (the names set on the command line)."""
+    values = dict(values)
+    setting_of = lambda name: values.get(name, getattr(Config, name))  # noqa: E731
+    if setting_of("recipe") == "mlperf" and setting_of("optimizer") == "lars":
+        recipe = keras_lars.resnet50_lars_recipe(max(setting_of("global_batch_size"), 1))
+        from_recipe = {"base_learning_rate": recipe.peak_learning_rate, "lr_scaling": "none",
+                       "warmup_epochs": recipe.warmup_epochs,
+                       "train_epochs": int(recipe.train_epochs), "momentum": recipe.momentum,
+                       "weight_decay": recipe.weight_decay,
+                       "label_smoothing": recipe.label_smoothing,
+                       "end_learning_rate": recipe.end_learning_rate}
+        if "base_learning_rate" in given:
+            del from_recipe["base_learning_rate"], from_recipe["lr_scaling"]
+        values.update({k: v for k, v in from_recipe.items() if k not in given})
+    return Config(**values)
 
 
 # --- the run's length --------------------------------------------------------------
@@ -261,7 +230,7 @@ class Plan:
 
     @property
     def epochs(self):
-        return -(-self.total_steps // self.steps_per_epoch)
+        return math.ceil(self.total_steps / self.steps_per_epoch)
 
     def steps_in(self, epoch):
         return min(self.steps_per_epoch, self.total_steps - epoch * self.steps_per_epoch)
@@ -275,7 +244,7 @@ def make_plan(config, num_train):
         )
     per_epoch = keras_lars.steps_per_epoch(num_train, config.global_batch_size)
     total = config.train_steps or config.train_epochs * per_epoch
-    warmup = int(math.floor(config.warmup_epochs * per_epoch + 0.5))
+    warmup = keras_lars.epochs_to_steps(config.warmup_epochs, num_train, config.global_batch_size)
     plan = Plan(per_epoch, total, warmup)
     k = config.steps_per_execution
     for steps in sorted({plan.steps_in(e) for e in range(plan.epochs)}):
@@ -480,10 +449,6 @@ def make_callbacks(config, plan, schedule, state, strategy):
 
 
 # --- the model directory ----------------------------------------------------------------
-RUN_ONLY_FIELDS = ("model_dir", "steps_per_execution", "trust_ratio_log_every", "eval",
-                   "run_eagerly", "data_dir", "tpu", "strategy")
-
-
 def check_model_dir(config, strategy=None):
     """Records the config in model_dir/config.json, or checks that a run
     already there was started with the same settings (so resuming never
@@ -491,10 +456,10 @@ def check_model_dir(config, strategy=None):
     path = os.path.join(config.model_dir, "config.json")
     current = dataclasses.asdict(config)
     if tf.io.gfile.exists(path):
-        with tf.io.gfile.GFile(path) as f:
-            stored = json.load(f)
+        stored = storage.read_json(path)
+        resumable = {f.name for f in settings.fields(config) if f.metadata["resumable"]}
         changed = [k for k, v in current.items()
-                   if k not in RUN_ONLY_FIELDS and stored.get(k, v) != v]
+                   if k not in resumable and stored.get(k, v) != v]
         if changed:
             details = ", ".join(f"--{k}: {stored[k]!r} there, {current[k]!r} now"
                                 for k in changed)
@@ -504,15 +469,7 @@ def check_model_dir(config, strategy=None):
             )
         return
     if keras_lars.distribute.is_chief(strategy):
-        _write_json(path, current)
-
-
-def _write_json(path, value):
-    """Writes `value` to `path` under a temporary name, then renames."""
-    tf.io.gfile.makedirs(os.path.dirname(path) or ".")
-    with tf.io.gfile.GFile(path + ".partial", "w") as f:
-        json.dump(value, f, indent=1)
-    tf.io.gfile.rename(path + ".partial", path, overwrite=True)
+        storage.write_json(path, current)
 
 
 # --- the run ---------------------------------------------------------------------------
@@ -552,10 +509,7 @@ def train_and_evaluate(config):
             f"--global_batch_size={config.global_batch_size} is not divisible by "
             f"the {replicas} replicas of --strategy={config.strategy}."
         )
-    data = input_pipeline.load(
-        config.dataset, config.data_dir, config.image_size, config.num_classes,
-        config.label_offset, config.seed, config.train_examples, config.eval_examples,
-    )
+    data = input_pipeline.load(config)
     num_classes = data.info.num_classes
     plan = make_plan(config, data.info.num_train)
     check_model_dir(config, strategy)
@@ -635,7 +589,7 @@ def write_summary(config, plan, state, wall_seconds, strategy=None):
         "config": dataclasses.asdict(config),
     }
     if keras_lars.distribute.is_chief(strategy):
-        _write_json(os.path.join(config.model_dir, "summary.json"), summary)
+        storage.write_json(os.path.join(config.model_dir, "summary.json"), summary)
     shown = " ".join(f"{k}={v:.4f}" for k, v in summary["final"].items()
                      if k not in ("epoch", "steps", "learning_rate"))
     print(f"final: model={config.model} optimizer={config.optimizer} "
@@ -645,26 +599,24 @@ def write_summary(config, plan, state, wall_seconds, strategy=None):
     return summary
 
 
-def parsed_flags():
-    """(every flag's value by name, the names given on the command line)."""
-    values = {name: flags.FLAGS[name].value for name in flags.FLAGS}
-    given = {name for name in flags.FLAGS if flags.FLAGS[name].present}
-    return values, given
-
-
 def main(argv):
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
     if keras.backend.backend() != "tensorflow":
-        sys.exit(f"error: the training tool runs on Keras's TensorFlow backend; "
-                 f"KERAS_BACKEND is {keras.backend.backend()!r}: unset it or set it to tensorflow.")
-    values, given = parsed_flags()
+        sys.exit(f"error: the training tool runs on Keras's TensorFlow backend, not "
+                 f"{keras.backend.backend()!r} (KERAS_BACKEND or ~/.keras/keras.json): "
+                 "set KERAS_BACKEND=tensorflow.")
     try:
-        config = config_from_flags(values, given)
-        train_and_evaluate(config)
+        train_and_evaluate(config_from_flags(*settings.from_flags(Config)))
     except (ConfigError, input_pipeline.DataError) as error:
         sys.exit(f"error: {error}")
 
 
+def run(argv=None):
+    """The keras-lars-train entry point."""
+    settings.define_flags(Config)
+    app.run(main, argv)
+
+
 if __name__ == "__main__":
-    app.run(main)
+    run()

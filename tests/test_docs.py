@@ -1,0 +1,58 @@
+"""The docs: generated pages current, README short, its commands the real ones."""
+
+import importlib.util
+import os
+import re
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _generator():
+    spec = importlib.util.spec_from_file_location(
+        "docs_generate", os.path.join(ROOT, "docs", "generate.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _read(*parts):
+    with open(os.path.join(ROOT, *parts)) as f:
+        return f.read()
+
+
+def test_generated_pages_are_current():
+    generator = _generator()
+    for name, render in generator.PAGES.items():
+        assert _read("docs", name) == render(), f"docs/{name} is stale: run python docs/generate.py"
+
+
+def test_flags_page_lists_every_setting_of_every_tool():
+    from keras_lars.tools import make_tfrecords
+    from keras_lars.tools import settings
+    from keras_lars.tools import train
+
+    page = _read("docs", "flags.md")
+    for schema in (train.Config, make_tfrecords.ConversionSettings):
+        for field in settings.fields(schema):
+            assert f"| `--{field.name}` |" in page, field.name
+
+
+def test_workarounds_page_holds_the_registry():
+    from keras_lars import compat
+
+    page = _read("docs", "workarounds.md")
+    assert compat.table() in page
+    for workaround in compat.WORKAROUNDS:
+        assert f"`{workaround.name}`" in page
+
+
+def test_readme_is_short_and_its_quick_start_is_what_ci_runs():
+    readme = _read("README.md")
+    assert len(readme.splitlines()) <= 250
+    block = re.search(r"## Quick start\n.*?```\n(.*?)```", readme, re.S).group(1)
+    commands = block.strip().splitlines()
+    assert len(commands) == 2
+    assert commands[0].endswith("&& keras-lars-train")
+    assert commands[1] in _read(".ci", "run").splitlines()
+    for link in re.findall(r"\]\(((?:docs/)[^)#]+)", readme):
+        assert os.path.exists(os.path.join(ROOT, link)), link
