@@ -581,3 +581,11 @@ def test_bad_input_is_one_line_naming_the_flag_or_file(finished_run, records, tm
         assert len(lines) == 1, (args, process.stderr[-3000:])
         assert culprit in lines[0] and detail in lines[0], (args, lines[0])
     assert fingerprint(model_dir) == before  # nothing in the model dir lost or changed
+
+
+def test_help_lists_every_setting():
+    process = run_tool(["--help"], command=lambda *args: [TRAIN_SCRIPT, *args])
+    assert process.returncode == 1  # absl's --help
+    for field in settings.fields(train.Config):
+        assert f"--{field.name}:" in process.stdout or f"--[no]{field.name}:" in process.stdout, \
+            field.name

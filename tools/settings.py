@@ -17,6 +17,7 @@ value misses ("must be >= 1"); `check(config)` raises ConfigError
 """
 
 import dataclasses
+import sys
 import typing
 
 from absl import flags
@@ -106,13 +107,14 @@ def check(config):
 # --- flags ---------------------------------------------------------------------------
 def define_flags(schema, flag_values=flags.FLAGS, exclude=(), defaults=None):
     """Defines one absl flag per setting of `schema` (but `exclude`), with
-    `defaults` (name -> value) in place of the schema's defaults."""
+    `defaults` (name -> value) in place of the schema's defaults. The flags
+    belong to the program's main module (absl's `--help` lists those)."""
     defaults = defaults or {}
     for field in fields(schema, exclude):
         kind = _field_type(schema, field)
         default = defaults.get(field.name, field.default)
         text, choices = field.metadata["help"], list(field.metadata["choices"])
-        keywords = {"flag_values": flag_values}
+        keywords = {"flag_values": flag_values, "module_name": sys.argv[0]}
         if kind is bool:
             flags.DEFINE_bool(field.name, default, text, **keywords)
         elif kind is tuple:
