@@ -57,11 +57,20 @@ def _tags(pair):
 )
 def matrix(session, tensorflow, keras):
     """The test suite (or the tests named after --) on one pair."""
-    session.install("-e", ".[cpu,tools,test,jax]",
-                    f"tensorflow-cpu=={tensorflow}", f"keras=={keras}", *_jax_pins(keras))
-    session.run("python", "-c", "import tensorflow, keras, jax; print("
-                "'tensorflow', tensorflow.__version__, 'keras', keras.__version__, "
-                "'jax', jax.__version__)")
+    session.install(
+        "-e",
+        ".[cpu,tools,test,jax]",
+        f"tensorflow-cpu=={tensorflow}",
+        f"keras=={keras}",
+        *_jax_pins(keras),
+    )
+    session.run(
+        "python",
+        "-c",
+        "import tensorflow, keras, jax; print("
+        "'tensorflow', tensorflow.__version__, 'keras', keras.__version__, "
+        "'jax', jax.__version__)",
+    )
     report = os.path.join(session.create_tmp(), "junit.xml")
     started = time.time()
     try:
@@ -77,9 +86,17 @@ def _record(tensorflow, keras, report, seconds, partial):
     suite = suite if suite.tag == "testsuite" else suite.find("testsuite")
     counts = {key: int(suite.get(key, 0)) for key in ("tests", "failures", "errors", "skipped")}
     passed = counts["tests"] - counts["failures"] - counts["errors"] - counts["skipped"]
-    row = [datetime.date.today().isoformat(), tensorflow, keras, str(passed),
-           str(counts["failures"]), str(counts["errors"]), str(counts["skipped"]),
-           f"{seconds:.0f}", "some tests" if partial else "whole suite"]
+    row = [
+        datetime.date.today().isoformat(),
+        tensorflow,
+        keras,
+        str(passed),
+        str(counts["failures"]),
+        str(counts["errors"]),
+        str(counts["skipped"]),
+        f"{seconds:.0f}",
+        "some tests" if partial else "whole suite",
+    ]
     with open(RESULTS, "a") as f:
         f.write("\t".join(row) + "\n")
 
@@ -91,29 +108,49 @@ def wheel(session):
     that it installed one top-level package, runs the three programs and
     builds ResNet-50 with its 25,557,032 parameters."""
     dist = session.create_tmp()
-    session.run(sys.executable, "-m", "pip", "wheel", "--no-deps", "-w", dist, ".",
-                external=True, silent=True)
+    session.run(
+        sys.executable,
+        "-m",
+        "pip",
+        "wheel",
+        "--no-deps",
+        "-w",
+        dist,
+        ".",
+        external=True,
+        silent=True,
+    )
     (built,) = [name for name in os.listdir(dist) if name.endswith(".whl")]
     session.install(f"{os.path.join(dist, built)}[cpu,tools]")
     elsewhere = os.path.join(dist, "elsewhere")
     os.makedirs(elsewhere, exist_ok=True)
     session.chdir(elsewhere)
     # What `pip show -f keras-lars` lists: every installed file but the scripts.
-    session.run("python", "-c", "from importlib import metadata; tops = {str(f).split('/')[0] "
-                "for f in metadata.files('keras-lars') if not str(f).startswith('..')}; "
-                "print('installed top-level entries:', sorted(tops)); "
-                "assert {t for t in tops if not t.endswith('.dist-info')} == {'keras_lars'}")
-    for program, flag in (("keras-lars-train", "--global_batch_size"),
-                          ("keras-lars-study", "--batch_sizes"),
-                          ("keras-lars-make-tfrecords", "--input_dir")):
+    session.run(
+        "python",
+        "-c",
+        "from importlib import metadata; tops = {str(f).split('/')[0] "
+        "for f in metadata.files('keras-lars') if not str(f).startswith('..')}; "
+        "print('installed top-level entries:', sorted(tops)); "
+        "assert {t for t in tops if not t.endswith('.dist-info')} == {'keras_lars'}",
+    )
+    for program, flag in (
+        ("keras-lars-train", "--global_batch_size"),
+        ("keras-lars-study", "--batch_sizes"),
+        ("keras-lars-make-tfrecords", "--input_dir"),
+    ):
         # absl's --help exits with status 1.
         shown = session.run(program, "--help", silent=True, success_codes=[0, 1])
         if flag not in shown:
             session.error(f"{program} --help does not list {flag}:\n{shown}")
-    session.run("python", "-c", "import keras_lars.models, numpy; "
-                "n = sum(int(numpy.prod(v.shape)) for v in "
-                "keras_lars.models.resnet50().trainable_weights); "
-                "print('ResNet-50 trainable parameters:', n); assert n == 25557032, n")
+    session.run(
+        "python",
+        "-c",
+        "import keras_lars.models, numpy; "
+        "n = sum(int(numpy.prod(v.shape)) for v in "
+        "keras_lars.models.resnet50().trainable_weights); "
+        "print('ResNet-50 trainable parameters:', n); assert n == 25557032, n",
+    )
     session.run("keras-lars-train")  # the default run, into runs/digits
     # The same run through python -m: found finished, nothing retrained.
     session.run("python", "-m", "keras_lars.tools.train")
@@ -125,8 +162,9 @@ def matrix_table(session):
     latest = {}
     with open(RESULTS) as f:
         for line in f:
-            date, tensorflow, keras, passed, failed, errors, skipped, seconds, scope = (
-                line.rstrip("\n").split("\t"))
+            date, tensorflow, keras, passed, failed, errors, skipped, seconds, scope = line.rstrip(
+                "\n"
+            ).split("\t")
             if scope == "whole suite":
                 latest[(tensorflow, keras)] = (date, passed, failed, errors, skipped, seconds)
     print("| TensorFlow | Keras | passed | failed | errors | skipped | minutes | run on |")
@@ -134,7 +172,9 @@ def matrix_table(session):
     for pair in PAIRS:
         if pair in latest:
             date, passed, failed, errors, skipped, seconds = latest[pair]
-            print(f"| {pair[0]} | {pair[1]} | {passed} | {failed} | {errors} | {skipped} | "
-                  f"{int(seconds) / 60:.1f} | {date} |")
+            print(
+                f"| {pair[0]} | {pair[1]} | {passed} | {failed} | {errors} | {skipped} | "
+                f"{int(seconds) / 60:.1f} | {date} |"
+            )
         else:
             print(f"| {pair[0]} | {pair[1]} | not run | | | | | |")

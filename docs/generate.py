@@ -24,30 +24,55 @@ def flags_page():
     from keras_lars.tools import train
 
     sections = [
-        ("keras-lars-train", "python -m keras_lars.tools.train",
-         "Trains (or resumes) one run; see [the training tool](training-tool.md).",
-         [settings.markdown_table(train.Config)]),
-        ("keras-lars-study", "python -m keras_lars.tools.batch_study",
-         "The large-batch study; see [its page](batch_study/README.md). Its own flags, "
-         "then the training tool's flags that all cells share (the study's defaults "
-         "shown; the settings it sets per cell, "
-         + ", ".join(f"`{name}`" for name in batch_study.PER_CELL) + ", are not flags).",
-         [settings.markdown_table(batch_study.StudySettings),
-          settings.markdown_table(train.Config, exclude=batch_study.PER_CELL,
-                                  defaults=batch_study.STUDY_DEFAULTS)]),
-        ("keras-lars-make-tfrecords", "python -m keras_lars.tools.make_tfrecords",
-         "Converts a folder of class folders of images into ImageNet-format TFRecords.",
-         [settings.markdown_table(make_tfrecords.ConversionSettings)]),
-        ("python -m keras_lars.tools.benchmark_train", None,
-         "Throughput of the training tool against plain Keras, and of its input pipeline.",
-         [settings.markdown_table(benchmark_train.BenchmarkSettings)]),
-        ("python -m keras_lars.tools.benchmark_optimizers", None,
-         "Apply-time of LARS and LAMB against Keras's SGD, Adam and Lamb.",
-         [settings.markdown_table(benchmark_optimizers.BenchmarkSettings)]),
+        (
+            "keras-lars-train",
+            "python -m keras_lars.tools.train",
+            "Trains (or resumes) one run; see [the training tool](training-tool.md).",
+            [settings.markdown_table(train.Config)],
+        ),
+        (
+            "keras-lars-study",
+            "python -m keras_lars.tools.batch_study",
+            "The large-batch study; see [its page](batch_study/README.md). Its own flags, "
+            "then the training tool's flags that all cells share (the study's defaults "
+            "shown; the settings it sets per cell, "
+            + ", ".join(f"`{name}`" for name in batch_study.PER_CELL)
+            + ", are not flags).",
+            [
+                settings.markdown_table(batch_study.StudySettings),
+                settings.markdown_table(
+                    train.Config, exclude=batch_study.PER_CELL, defaults=batch_study.STUDY_DEFAULTS
+                ),
+            ],
+        ),
+        (
+            "keras-lars-make-tfrecords",
+            "python -m keras_lars.tools.make_tfrecords",
+            "Converts a folder of class folders of images into ImageNet-format TFRecords.",
+            [settings.markdown_table(make_tfrecords.ConversionSettings)],
+        ),
+        (
+            "python -m keras_lars.tools.benchmark_train",
+            None,
+            "Throughput of the training tool against plain Keras, and of its input pipeline.",
+            [settings.markdown_table(benchmark_train.BenchmarkSettings)],
+        ),
+        (
+            "python -m keras_lars.tools.benchmark_optimizers",
+            None,
+            "Apply-time of LARS and LAMB against Keras's SGD, Adam and Lamb.",
+            [settings.markdown_table(benchmark_optimizers.BenchmarkSettings)],
+        ),
     ]
-    lines = ["# Command-line flags", "", GENERATED, "",
-             "[README](../README.md). Every program takes `--help`; boolean flags also "
-             "take the `--no` form (`--noeval`).", ""]
+    lines = [
+        "# Command-line flags",
+        "",
+        GENERATED,
+        "",
+        "[README](../README.md). Every program takes `--help`; boolean flags also "
+        "take the `--no` form (`--noeval`).",
+        "",
+    ]
     for title, module, text, tables in sections:
         lines += [f"## `{title}`", ""]
         if module:
@@ -62,20 +87,29 @@ def flags_page():
 def workarounds_page():
     from keras_lars import compat
 
-    return "\n".join([
-        "# Keras and TensorFlow workarounds", "", GENERATED, "",
-        "[README](../README.md) · [distributed training](distributed.md)", "",
-        "Every fix of a Keras or TensorFlow bug lives in `keras_lars.compat`, one entry per "
-        "workaround: the upstream issue, the symptom, the versions that have it, where it "
-        "was reproduced and the versions on which the patch was verified. Nothing is "
-        "patched at import: `keras_lars.make_strategy` and the training tool install what "
-        "their strategy needs (`compat.apply()` installs all). On a version outside "
-        "`patch verified on`, or when a patched function no longer has the expected "
-        "signature, nothing is patched, one `CompatWarning` says so, and a feature that "
-        "needs the fix refuses with `compat.UnsupportedVersionError` naming it. "
-        "`kind`: crash (without it, an error) or behaviour (without it, a wrong result); "
-        "`compat.apply(behaviour_changes=False)` installs the crash fixes only.", "",
-        compat.table(), ""])
+    return "\n".join(
+        [
+            "# Keras and TensorFlow workarounds",
+            "",
+            GENERATED,
+            "",
+            "[README](../README.md) · [distributed training](distributed.md)",
+            "",
+            "Every fix of a Keras or TensorFlow bug lives in `keras_lars.compat`, one entry per "
+            "workaround: the upstream issue, the symptom, the versions that have it, where it "
+            "was reproduced and the versions on which the patch was verified. Nothing is "
+            "patched at import: `keras_lars.make_strategy` and the training tool install what "
+            "their strategy needs (`compat.apply()` installs all). On a version outside "
+            "`patch verified on`, or when a patched function no longer has the expected "
+            "signature, nothing is patched, one `CompatWarning` says so, and a feature that "
+            "needs the fix refuses with `compat.UnsupportedVersionError` naming it. "
+            "`kind`: crash (without it, an error) or behaviour (without it, a wrong result); "
+            "`compat.apply(behaviour_changes=False)` installs the crash fixes only.",
+            "",
+            compat.table(),
+            "",
+        ]
+    )
 
 
 PAGES = {"flags.md": flags_page, "workarounds.md": workarounds_page}

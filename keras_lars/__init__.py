@@ -4,20 +4,20 @@ from keras_lars import _environment
 
 _environment.check()  # one ImportError for Keras 2 / tf_keras or a Keras below the floor
 
+from keras_lars import compat  # Keras/TF workarounds; nothing is patched at import
+from keras_lars import distribute
+from keras_lars.callbacks import TrustRatioMonitor
+from keras_lars.callbacks import WarmupPolyDecayCallback
+from keras_lars.distribute import make_strategy
 from keras_lars.lamb import LAMB
 from keras_lars.lars import LARS
 from keras_lars.layerwise import trust_ratio
-from keras_lars.callbacks import TrustRatioMonitor
-from keras_lars.callbacks import WarmupPolyDecayCallback
 from keras_lars.recipes import LarsRecipe
 from keras_lars.recipes import epochs_to_steps
 from keras_lars.recipes import linear_scaling
 from keras_lars.recipes import resnet50_lars_recipe
 from keras_lars.recipes import steps_per_epoch
 from keras_lars.schedules import WarmupPolyDecay
-from keras_lars import compat  # Keras/TF workarounds; nothing is patched at import
-from keras_lars import distribute
-from keras_lars.distribute import make_strategy
 
 __version__ = "0.1.0"
 

@@ -12,6 +12,12 @@ import re
 
 KERAS_FLOOR = (3, 8)  # setup.cfg's install_requires says the same (tested)
 KERAS_CEILING = (4, 0)  # exclusive
+_PACKAGES = {"tensorflow": "TensorFlow", "jax": "JAX", "torch": "PyTorch"}
+_INSTALL = {
+    "tensorflow": "pip install 'keras-lars[cpu]' (or [tensorflow], [tpu])",
+    "jax": "pip install 'keras-lars[jax]'",
+    "torch": "pip install torch",
+}
 
 
 def _version(text):
@@ -31,6 +37,13 @@ def check():
     try:
         import keras
     except ImportError as error:
+        if getattr(error, "name", None) in ("tensorflow", "jax", "torch"):
+            backend = error.name
+            raise ImportError(
+                f"keras_lars: Keras's backend is {backend} (KERAS_BACKEND or "
+                f"~/.keras/keras.json) but {_PACKAGES[backend]} is not installed: "
+                f"{_INSTALL[backend]}, or choose another Keras backend."
+            ) from error
         raise ImportError(
             f"keras_lars needs Keras >= {KERAS_FLOOR[0]}.{KERAS_FLOOR[1]}, < 4 "
             f"(pip install 'keras>={KERAS_FLOOR[0]}.{KERAS_FLOOR[1]},<4'): {error}"

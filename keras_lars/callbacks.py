@@ -105,8 +105,7 @@ class WarmupPolyDecayCallback(keras.callbacks.Callback):
         """The callback giving the rates of the `WarmupPolyDecay` `schedule`."""
         if not isinstance(schedule, WarmupPolyDecay):
             raise ValueError(
-                f"`schedule` must be a keras_lars.WarmupPolyDecay, "
-                f"received {schedule!r}."
+                f"`schedule` must be a keras_lars.WarmupPolyDecay, received {schedule!r}."
             )
         config = schedule.get_config()
         config.pop("name")
@@ -143,18 +142,14 @@ class WarmupPolyDecayCallback(keras.callbacks.Callback):
         # Set the private attribute, not the `learning_rate` property: the
         # property's setter would untrack the variable and change the
         # optimizer's checkpoint layout.
-        optimizer._learning_rate = _ScheduledRate(
-            optimizer, variable, self.schedule, self.params
-        )
+        optimizer._learning_rate = _ScheduledRate(optimizer, variable, self.schedule, self.params)
         self._installed = optimizer
         # A train function traced by an earlier fit reads the variable.
         self.model.make_train_function(force=True)
 
     def on_train_end(self, logs=None):
         optimizer, self._installed = self._installed, None
-        if optimizer is None or not isinstance(
-            optimizer._learning_rate, _ScheduledRate
-        ):
+        if optimizer is None or not isinstance(optimizer._learning_rate, _ScheduledRate):
             return
         hook = optimizer._learning_rate
         hook()  # sets the variable to the current rate
@@ -199,9 +194,7 @@ class TrustRatioMonitor(keras.callbacks.Callback):
     def __init__(self, log_dir, every_n_steps=100):
         super().__init__()
         if not isinstance(log_dir, str) or not log_dir:
-            raise ValueError(
-                f"`log_dir` must be a directory path, received {log_dir!r}."
-            )
+            raise ValueError(f"`log_dir` must be a directory path, received {log_dir!r}.")
         check_integer("every_n_steps", every_n_steps, at_least=1)
         self.log_dir = log_dir
         self.every_n_steps = every_n_steps
@@ -230,9 +223,7 @@ class TrustRatioMonitor(keras.callbacks.Callback):
         # What tensorboard's tf.summary.scalar writes, without needing the
         # tensorboard package installed.
         self._metadata = tf.compat.v1.SummaryMetadata(
-            plugin_data=tf.compat.v1.SummaryMetadata.PluginData(
-                plugin_name="scalars"
-            ),
+            plugin_data=tf.compat.v1.SummaryMetadata.PluginData(plugin_name="scalars"),
             data_class="DATA_CLASS_SCALAR",
         ).SerializeToString()
         self._writer = tf.summary.create_file_writer(self.log_dir)
@@ -262,9 +253,7 @@ class TrustRatioMonitor(keras.callbacks.Callback):
         step = int(ops.convert_to_numpy(optimizer.iterations))
         with self._writer.as_default(step=step):
             for path, stats in optimizer.trust_ratio_stats().items():
-                for kind, value in zip(
-                    ("trust_ratio", "weight_norm", "update_norm"), stats
-                ):
+                for kind, value in zip(("trust_ratio", "weight_norm", "update_norm"), stats):
                     tf.summary.write(
                         f"{kind}/{path}",
                         tf.constant(value, tf.float32),

@@ -40,8 +40,7 @@ import inspect
 import itertools
 import logging
 import warnings
-from typing import Callable
-from typing import Optional
+from collections.abc import Callable
 
 import keras
 
@@ -97,10 +96,10 @@ class Workaround:
     symptom: str
     kind: str
     install: Callable[[], Callable[[], None]]
-    shape: Callable[[], Optional[str]]
+    shape: Callable[[], str | None]
     package: str = "keras"
     since: tuple = (3, 0)
-    fixed_in: Optional[tuple] = None
+    fixed_in: tuple | None = None
     verified: tuple = KERAS_VERIFIED
     reproduced: str = ""
 
@@ -122,7 +121,8 @@ class Workaround:
             )
         mismatch = self.shape()
         if mismatch:
-            return f"its target changed in {_package_name(self.package)} {_dotted(version)}: {mismatch}"
+            where = f"{_package_name(self.package)} {_dotted(version)}"
+            return f"its target changed in {where}: {mismatch}"
         return None
 
     def describe_versions(self):
@@ -216,7 +216,8 @@ def _install_symbolic_build_batch():
                         "keras_lars.compat's `symbolic_build_batch` expected Keras's "
                         "epoch iterator to yield (step, batches) or (begin, end, "
                         f"batches), got {type(item).__name__} on Keras {keras.__version__}; "
-                        f"it was verified on {_BY_NAME['symbolic_build_batch'].describe_versions()}."
+                        "it was verified on "
+                        f"{_BY_NAME['symbolic_build_batch'].describe_versions()}."
                     )
                 data_batch = tf.nest.map_structure(
                     lambda v: strategy.experimental_local_results(v)[0],
@@ -231,7 +232,8 @@ def _install_symbolic_build_batch():
 
 def _shape_symbolic_build_batch():
     return _signature_mismatch(
-        _trainer_module().TensorFlowTrainer, "_maybe_symbolic_build",
+        _trainer_module().TensorFlowTrainer,
+        "_maybe_symbolic_build",
         ["self", "iterator", "data_batch"],
     )
 
@@ -250,9 +252,7 @@ def _install_multi_worker_metrics():
         if reduction in ("auto", "mean") and (
             trainer._collective_all_reduce_multi_worker(strategy)
         ):
-            return keras.tree.map_structure(
-                lambda v: strategy.reduce("MEAN", v, axis=None), values
-            )
+            return keras.tree.map_structure(lambda v: strategy.reduce("MEAN", v, axis=None), values)
         return original(values, strategy, reduction)
 
     return _swap(trainer, "reduce_per_replica", reduce_per_replica)
@@ -428,13 +428,17 @@ def _install_distinct_collective_keys():
         self._collective_key_base += _KEY_RANGE * next(_KEY_RANGES)
         return original(self)
 
-    return _swap(extended, "_make_collective_ops_with_fallbacks", _make_collective_ops_with_fallbacks)
+    return _swap(
+        extended, "_make_collective_ops_with_fallbacks", _make_collective_ops_with_fallbacks
+    )
 
 
 def _shape_distinct_collective_keys():
     from tensorflow.python.distribute import mirrored_strategy
 
-    if not isinstance(getattr(mirrored_strategy.MirroredStrategy, "_collective_key_base", None), int):
+    if not isinstance(
+        getattr(mirrored_strategy.MirroredStrategy, "_collective_key_base", None), int
+    ):
         return "MirroredStrategy._collective_key_base is not an integer"
     return _signature_mismatch(
         mirrored_strategy.MirroredExtended, "_make_collective_ops_with_fallbacks", ["self"]
@@ -657,54 +661,78 @@ _REPRODUCED = "every pair of noxfile.py (Keras 3.8 to 3.15, TensorFlow 2.17 to 2
 
 WORKAROUNDS = (
     Workaround(
-        "symbolic_build_batch", "keras#20585, tensorflow#72388",
-        "fit() under MultiWorkerMirroredStrategy: \"Attempt to convert a value (PerReplica...)\"",
-        "crash", _install_symbolic_build_batch, _shape_symbolic_build_batch,
+        "symbolic_build_batch",
+        "keras#20585, tensorflow#72388",
+        'fit() under MultiWorkerMirroredStrategy: "Attempt to convert a value (PerReplica...)"',
+        "crash",
+        _install_symbolic_build_batch,
+        _shape_symbolic_build_batch,
         reproduced=_REPRODUCED,
     ),
     Workaround(
-        "multi_worker_metrics", "keras#20585, tensorflow#72388",
+        "multi_worker_metrics",
+        "keras#20585, tensorflow#72388",
         "fit() under MultiWorkerMirroredStrategy fails reducing scalar metrics with axis=0",
-        "crash", _install_multi_worker_metrics, _shape_multi_worker_metrics,
+        "crash",
+        _install_multi_worker_metrics,
+        _shape_multi_worker_metrics,
         reproduced=_REPRODUCED,
     ),
     Workaround(
-        "steps_per_execution_loop", "keras#19246",
+        "steps_per_execution_loop",
+        "keras#19246",
         "steps_per_execution > 1 under (MultiWorker)MirroredStrategy: "
-        "\"You must feed a value for placeholder tensor\"",
-        "crash", _install_steps_per_execution_loop, _shape_steps_per_execution_loop,
+        '"You must feed a value for placeholder tensor"',
+        "crash",
+        _install_steps_per_execution_loop,
+        _shape_steps_per_execution_loop,
         reproduced=_REPRODUCED,
     ),
     Workaround(
-        "distributed_datasets_from_function", "keras#20134",
-        "fit() on strategy.distribute_datasets_from_function(...): \"Unrecognized data type\"",
-        "crash", _install_distributed_datasets_from_function,
+        "distributed_datasets_from_function",
+        "keras#20134",
+        'fit() on strategy.distribute_datasets_from_function(...): "Unrecognized data type"',
+        "crash",
+        _install_distributed_datasets_from_function,
         _shape_distributed_datasets_from_function,
-        fixed_in=(3, 9), verified=((3, 8), (3, 8)),
+        fixed_in=(3, 9),
+        verified=((3, 8), (3, 8)),
         reproduced="Keras 3.8 with TensorFlow 2.17 and 2.18 (absent from 3.9 on)",
     ),
     Workaround(
-        "on_read_metric_variables", "keras#21054",
+        "on_read_metric_variables",
+        "keras#21054",
         "losses and metrics that fit()/evaluate() report under several replicas differ "
         "from one device's (the replicas' metric states are merged on every update)",
-        "behaviour", _install_on_read_metric_variables, _shape_on_read_metric_variables,
-        fixed_in=(3, 10), verified=((3, 8), (3, 9)),
+        "behaviour",
+        _install_on_read_metric_variables,
+        _shape_on_read_metric_variables,
+        fixed_in=(3, 10),
+        verified=((3, 8), (3, 9)),
         reproduced="Keras 3.8 with TensorFlow 2.17 and 2.18 (tests), 3.9.2 with TensorFlow "
         "2.18.1 (by hand); absent from 3.10 on",
     ),
     Workaround(
-        "distinct_collective_keys", "tensorflow#62790",
+        "distinct_collective_keys",
+        "tensorflow#62790",
         "a second MirroredStrategy in one process training another model: "
-        "\"Shape mismatch in the collective instance 100\"",
-        "crash", _install_distinct_collective_keys, _shape_distinct_collective_keys,
-        package="tensorflow", since=(2, 0), verified=TENSORFLOW_VERIFIED,
+        '"Shape mismatch in the collective instance 100"',
+        "crash",
+        _install_distinct_collective_keys,
+        _shape_distinct_collective_keys,
+        package="tensorflow",
+        since=(2, 0),
+        verified=TENSORFLOW_VERIFIED,
         reproduced=_REPRODUCED,
     ),
     Workaround(
-        "clip_after_all_reduce", "tensorflow#33929 (Keras 3 behaviour)",
+        "clip_after_all_reduce",
+        "tensorflow#33929 (Keras 3 behaviour)",
         "keras_lars optimizers with clipnorm/global_clipnorm/clipvalue under several "
         "replicas clip each replica's partial gradient before the all-reduce",
-        "behaviour", _install_clip_after_all_reduce, _shape_clip_after_all_reduce,
+        "behaviour",
+        _install_clip_after_all_reduce,
+        _shape_clip_after_all_reduce,
         reproduced=_REPRODUCED,
     ),
     Workaround(
@@ -712,14 +740,19 @@ WORKAROUNDS = (
         "keras#20601 (Keras 3 creates no on-read variables); no BatchNormalization issue found",
         "BatchNormalization(synchronized=False) under several replicas: each replica keeps "
         "its own moving statistics, get_weights()/saving keep replica 0's",
-        "behaviour", _install_mean_batch_norm_statistics, _shape_mean_batch_norm_statistics,
+        "behaviour",
+        _install_mean_batch_norm_statistics,
+        _shape_mean_batch_norm_statistics,
         reproduced=_REPRODUCED,
     ),
     Workaround(
-        "iterations_after_data", "no upstream issue found",
+        "iterations_after_data",
+        "no upstream issue found",
         "a dataset of unknown cardinality: optimizer.iterations (and the learning-rate "
         "schedule) one step ahead per epoch",
-        "behaviour", _install_iterations_after_data, _shape_iterations_after_data,
+        "behaviour",
+        _install_iterations_after_data,
+        _shape_iterations_after_data,
         reproduced=_REPRODUCED,
     ),
 )
@@ -761,14 +794,19 @@ def apply(names=None, behaviour_changes=True):
                 warnings.warn(
                     f"keras_lars.compat: not installing `{name}` ({workaround.issues}): "
                     f"{reason}. Features that need it will refuse to run.",
-                    CompatWarning, stacklevel=2,
+                    CompatWarning,
+                    stacklevel=2,
                 )
             continue
         _UNDO[name] = workaround.install()
         if name not in _LOGGED:
             _LOGGED.add(name)
-            _LOG.info("keras_lars.compat installed `%s` (%s fix, %s)",
-                      name, workaround.kind, workaround.issues)
+            _LOG.info(
+                "keras_lars.compat installed `%s` (%s fix, %s)",
+                name,
+                workaround.kind,
+                workaround.issues,
+            )
     return applied()
 
 
@@ -815,9 +853,12 @@ def table():
     ]
     for w in WORKAROUNDS:
         needed = f"{_package_name(w.package)} {_dotted(w.since)}+" + (
-            f", fixed in {_dotted(w.fixed_in)}" if w.fixed_in else " (open)")
-        rows.append(f"| `{w.name}` | {w.kind} | {w.issues} | {w.symptom} | {needed} | "
-                    f"{w.reproduced} | {w.describe_versions()} |")
+            f", fixed in {_dotted(w.fixed_in)}" if w.fixed_in else " (open)"
+        )
+        rows.append(
+            f"| `{w.name}` | {w.kind} | {w.issues} | {w.symptom} | {needed} | "
+            f"{w.reproduced} | {w.describe_versions()} |"
+        )
     return "\n".join(rows)
 
 

@@ -92,9 +92,7 @@ def parse_tf_config(text=None, variable="TF_CONFIG"):
             f"{variable}['cluster'] ({sorted(cluster)})."
         )
     if not isinstance(index, int) or isinstance(index, bool):
-        raise ValueError(
-            f"{variable}['task']['index'] must be an integer, received {index!r}."
-        )
+        raise ValueError(f"{variable}['task']['index'] must be an integer, received {index!r}.")
     if not 0 <= index < len(cluster[task_type]):
         raise ValueError(
             f"{variable}['task']['index'] = {index} is out of range for job "
@@ -154,7 +152,11 @@ def make_strategy(
             f"`collective_implementation` must be one of {COLLECTIVE_IMPLEMENTATIONS}, "
             f"received {collective_implementation!r}."
         )
-    if not isinstance(bytes_per_pack, int) or isinstance(bytes_per_pack, bool) or bytes_per_pack < 0:
+    if (
+        not isinstance(bytes_per_pack, int)
+        or isinstance(bytes_per_pack, bool)
+        or bytes_per_pack < 0
+    ):
         raise ValueError(f"`bytes_per_pack` must be an integer >= 0, received {bytes_per_pack!r}.")
     if timeout_seconds is not None and not timeout_seconds > 0:
         raise ValueError(f"`timeout_seconds` must be None or > 0, received {timeout_seconds!r}.")

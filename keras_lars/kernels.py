@@ -43,19 +43,26 @@ def descent_step(optimizer, variable, learning_rate, step):
     """w = w - lr * s."""
     if FUSED:
         tf.raw_ops.ResourceApplyGradientDescent(
-            var=variable.handle, alpha=learning_rate, delta=step)
+            var=variable.handle, alpha=learning_rate, delta=step
+        )
     else:
         optimizer.assign_sub(variable, learning_rate * step)
 
 
-def momentum_step(optimizer, variable, buffer, learning_rate, step, momentum,
-                  nesterov, classic):
+def momentum_step(optimizer, variable, buffer, learning_rate, step, momentum, nesterov, classic):
     """Classic: u = m*u - lr*s, w += u.  Otherwise: v = m*v + s, w -= lr*v."""
     if FUSED:
-        apply = (tf.raw_ops.ResourceApplyKerasMomentum if classic
-                 else tf.raw_ops.ResourceApplyMomentum)
-        apply(var=variable.handle, accum=buffer.handle, lr=learning_rate, grad=step,
-              momentum=momentum, use_nesterov=nesterov)
+        apply = (
+            tf.raw_ops.ResourceApplyKerasMomentum if classic else tf.raw_ops.ResourceApplyMomentum
+        )
+        apply(
+            var=variable.handle,
+            accum=buffer.handle,
+            lr=learning_rate,
+            grad=step,
+            momentum=momentum,
+            use_nesterov=nesterov,
+        )
     elif classic:
         optimizer.assign(buffer, momentum * buffer - learning_rate * step)
         if nesterov:

@@ -129,8 +129,7 @@ class LAMB(LayerwiseOptimizer):
                 "beta_2": self.beta_2,
                 "epsilon": self.epsilon,
                 "trust_ratio_bounds": (
-                    None if self.trust_ratio_bounds is None
-                    else list(self.trust_ratio_bounds)
+                    None if self.trust_ratio_bounds is None else list(self.trust_ratio_bounds)
                 ),
             }
         )

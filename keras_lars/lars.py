@@ -98,9 +98,7 @@ class LARS(LayerwiseOptimizer):
             **kwargs,
         )
         self.momentum = check_number("momentum", momentum, at_least=0.0, below=1.0)
-        self.trust_coefficient = check_number(
-            "trust_coefficient", trust_coefficient, above=0.0
-        )
+        self.trust_coefficient = check_number("trust_coefficient", trust_coefficient, above=0.0)
         self.epsilon = check_number("epsilon", epsilon, at_least=0.0)
         if nesterov and self.momentum == 0:
             raise ValueError("`nesterov=True` needs `momentum` > 0, received 0.")
@@ -152,13 +150,26 @@ class LARS(LayerwiseOptimizer):
             kernels.descent_step(self, variable, ops.cast(lr * scale, dtype), step)
         elif self.classic_momentum:  # u = m*u - lr*ratio*step; w += u
             kernels.momentum_step(
-                self, variable, self.momentums[index], ops.cast(lr * scale, dtype),
-                step, ops.cast(self.momentum, dtype), self.nesterov, classic=True)
+                self,
+                variable,
+                self.momentums[index],
+                ops.cast(lr * scale, dtype),
+                step,
+                ops.cast(self.momentum, dtype),
+                self.nesterov,
+                classic=True,
+            )
         else:  # v = m*v + ratio*step; w -= lr*v
             kernels.momentum_step(
-                self, variable, self.momentums[index], ops.cast(lr, dtype),
-                ops.cast(scale, dtype) * step, ops.cast(self.momentum, dtype),
-                self.nesterov, classic=False)
+                self,
+                variable,
+                self.momentums[index],
+                ops.cast(lr, dtype),
+                ops.cast(scale, dtype) * step,
+                ops.cast(self.momentum, dtype),
+                self.nesterov,
+                classic=False,
+            )
 
     def get_config(self):
         config = super().get_config()

@@ -25,7 +25,6 @@ from keras_lars import compat
 from keras_lars.validation import check_bool
 from keras_lars.validation import check_number
 
-
 _RANK_ONE_NOTE = "biases, batch-norm gamma/beta"
 
 
@@ -56,9 +55,7 @@ def trust_ratio(
         ratio = ops.clip(ratio, bounds[0], bounds[1])
     if clip_to_learning_rate is not None:
         ratio = ops.minimum(ratio / clip_to_learning_rate, 1.0)
-    defined = ops.logical_and(
-        ops.greater(weight_norm, 0.0), ops.greater(update_norm, 0.0)
-    )
+    defined = ops.logical_and(ops.greater(weight_norm, 0.0), ops.greater(update_norm, 0.0))
     return ops.where(defined, ratio, ops.ones_like(ratio))
 
 
@@ -84,8 +81,7 @@ def compile_patterns(patterns, argument):
         patterns = list(patterns)
     except TypeError:
         raise ValueError(
-            f"`{argument}` must be a list of regular expressions, "
-            f"received {patterns!r}."
+            f"`{argument}` must be a list of regular expressions, received {patterns!r}."
         ) from None
     compiled = []
     for pattern in patterns:
@@ -98,8 +94,7 @@ def compile_patterns(patterns, argument):
             compiled.append(re.compile(pattern))
         except re.error as error:
             raise ValueError(
-                f"`{argument}` holds an invalid regular expression "
-                f"{pattern!r}: {error}."
+                f"`{argument}` holds an invalid regular expression {pattern!r}: {error}."
             ) from None
     return compiled
 
@@ -155,9 +150,7 @@ class LayerwiseOptimizer(keras.optimizers.Optimizer):
                 exclude_from_layer_adaptation, "exclude_from_layer_adaptation"
             )
         self._exclude_from_weight_decay_arg = _as_list(exclude_from_weight_decay)
-        self._exclude_from_layer_adaptation_arg = _as_list(
-            exclude_from_layer_adaptation
-        )
+        self._exclude_from_layer_adaptation_arg = _as_list(exclude_from_layer_adaptation)
         self.exclude_rank_one = check_bool("exclude_rank_one", exclude_rank_one)
         self.record_trust_ratios = check_bool("record_trust_ratios", record_trust_ratios)
 
@@ -192,17 +185,14 @@ class LayerwiseOptimizer(keras.optimizers.Optimizer):
                 and not any(p.search(path) for p in self._decay_patterns)
                 and self._use_weight_decay(variable)
             )
-            adapts = not low_rank and not any(
-                p.search(path) for p in self._adaptation_patterns
-            )
+            adapts = not low_rank and not any(p.search(path) for p in self._adaptation_patterns)
             self._decays.append(decays)
             self._adapts.append(adapts)
         # One float32 vector (ratio, ||w||, ||u||) per adapted variable.
         self._trust_stats = [
-            self.add_variable(
-                (3,), dtype="float32", name=path.replace("/", "_") + "_trust_stats"
-            )
-            if self.record_trust_ratios and adapts else None
+            self.add_variable((3,), dtype="float32", name=path.replace("/", "_") + "_trust_stats")
+            if self.record_trust_ratios and adapts
+            else None
             for path, adapts in zip(map(variable_path, variables), self._adapts)
         ]
 
@@ -263,9 +253,7 @@ class LayerwiseOptimizer(keras.optimizers.Optimizer):
             {
                 "weight_decay": self.weight_decay,
                 "exclude_from_weight_decay": self._exclude_from_weight_decay_arg,
-                "exclude_from_layer_adaptation": (
-                    self._exclude_from_layer_adaptation_arg
-                ),
+                "exclude_from_layer_adaptation": (self._exclude_from_layer_adaptation_arg),
                 "exclude_rank_one": self.exclude_rank_one,
                 "record_trust_ratios": self.record_trust_ratios,
             }
@@ -280,8 +268,7 @@ def _add_slots_before_3_10(optimizer, variables, names):
         overwritten = getattr(variable, "overwrite_with_gradient", False)
         for name, slot in zip(names, slots):
             slot.append(
-                None if overwritten
-                else optimizer.add_variable_from_reference(variable, name=name)
+                None if overwritten else optimizer.add_variable_from_reference(variable, name=name)
             )
     return slots
 

@@ -33,30 +33,26 @@ def steps_per_epoch(num_examples, global_batch_size, drop_remainder=True):
                 "an epoch has no step."
             )
         return steps
-    return -(-num_examples // global_batch_size)
+    return math.ceil(num_examples / global_batch_size)
 
 
-def epochs_to_steps(
-    epochs, num_examples, global_batch_size, drop_remainder=True
-):
+def epochs_to_steps(epochs, num_examples, global_batch_size, drop_remainder=True):
     """Steps in `epochs` (may be fractional) epochs, to the nearest step:
 
-        floor(epochs * steps_per_epoch(num_examples, global_batch_size,
-                                       drop_remainder) + 1/2)
+    floor(epochs * steps_per_epoch(num_examples, global_batch_size,
+                                   drop_remainder) + 1/2)
     """
     epochs = check_number("epochs", epochs, at_least=0.0)
     per_epoch = steps_per_epoch(num_examples, global_batch_size, drop_remainder)
-    return int(math.floor(epochs * per_epoch + 0.5))
+    return math.floor(epochs * per_epoch + 0.5)
 
 
 def linear_scaling(base_learning_rate, global_batch_size, base_batch_size=256):
     """The linear scaling rule (Goyal et al. 2017).
 
-        lr = base_learning_rate * global_batch_size / base_batch_size
+    lr = base_learning_rate * global_batch_size / base_batch_size
     """
-    base_learning_rate = check_number(
-        "base_learning_rate", base_learning_rate, at_least=0.0
-    )
+    base_learning_rate = check_number("base_learning_rate", base_learning_rate, at_least=0.0)
     global_batch_size = check_integer("global_batch_size", global_batch_size, at_least=1)
     base_batch_size = check_integer("base_batch_size", base_batch_size, at_least=1)
     return base_learning_rate * global_batch_size / base_batch_size
@@ -90,9 +86,7 @@ class LarsRecipe:
         `warmup_epochs` (capped at the run's length).
         """
         epochs = self.train_epochs if train_epochs is None else train_epochs
-        total = epochs_to_steps(
-            epochs, num_examples, self.global_batch_size, drop_remainder
-        )
+        total = epochs_to_steps(epochs, num_examples, self.global_batch_size, drop_remainder)
         warmup = epochs_to_steps(
             self.warmup_epochs, num_examples, self.global_batch_size, drop_remainder
         )

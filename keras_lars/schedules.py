@@ -66,13 +66,10 @@ class WarmupPolyDecay(keras.optimizers.schedules.LearningRateSchedule):
         self.total_steps = check_integer("total_steps", total_steps, 1)
         if self.warmup_steps > self.total_steps:
             raise ValueError(
-                f"`warmup_steps` ({warmup_steps}) must not exceed "
-                f"`total_steps` ({total_steps})."
+                f"`warmup_steps` ({warmup_steps}) must not exceed `total_steps` ({total_steps})."
             )
         self.power = check_number("power", power, above=0.0)
-        self.end_learning_rate = check_number(
-            "end_learning_rate", end_learning_rate, at_least=0.0
-        )
+        self.end_learning_rate = check_number("end_learning_rate", end_learning_rate, at_least=0.0)
         self.start_learning_rate = check_number(
             "start_learning_rate", start_learning_rate, at_least=0.0
         )

@@ -11,22 +11,20 @@ def check_number(name, value, above=None, at_least=None, below=None, at_most=Non
         (below, lambda v, b: v < b, "<"),
         (at_most, lambda v, b: v <= b, "<="),
     ]
-    wanted = " and ".join(f"{sign} {bound}" for bound, _, sign in limits
-                          if bound is not None)
+    wanted = " and ".join(f"{sign} {bound}" for bound, _, sign in limits if bound is not None)
     is_number = isinstance(value, numbers.Real) and not isinstance(value, bool)
-    if not is_number or value != value or not all(
-        ok(value, bound) for bound, ok, _ in limits if bound is not None
+    if (
+        not is_number
+        or value != value
+        or not all(ok(value, bound) for bound, ok, _ in limits if bound is not None)
     ):
-        raise ValueError(
-            f"`{name}` must be a number {wanted}".rstrip() + f", received {value!r}."
-        )
+        raise ValueError(f"`{name}` must be a number {wanted}".rstrip() + f", received {value!r}.")
     return float(value)
 
 
 def check_integer(name, value, at_least):
     """Returns int(value); raises ValueError naming `name` unless an integer >= at_least."""
-    if (not isinstance(value, numbers.Integral) or isinstance(value, bool)
-            or value < at_least):
+    if not isinstance(value, numbers.Integral) or isinstance(value, bool) or value < at_least:
         raise ValueError(f"`{name}` must be an integer >= {at_least}, received {value!r}.")
     return int(value)
 

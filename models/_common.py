@@ -14,11 +14,7 @@ BN_EPSILON = 1e-5
 
 def check_positive_int(name, value):
     """Returns `value` if it is an integer >= 1; raises ValueError naming `name`."""
-    if (
-        not isinstance(value, numbers.Integral)
-        or isinstance(value, bool)
-        or value < 1
-    ):
+    if not isinstance(value, numbers.Integral) or isinstance(value, bool) or value < 1:
         raise ValueError(f"`{name}` must be an integer >= 1, received {value!r}.")
     return int(value)
 
@@ -37,8 +33,7 @@ def check_common(num_classes, input_shape, float32_logits, name, **flags):
     except TypeError:
         shape = ()
     if len(shape) != 3 or not all(
-        isinstance(d, numbers.Integral) and not isinstance(d, bool) and d >= 1
-        for d in shape
+        isinstance(d, numbers.Integral) and not isinstance(d, bool) and d >= 1 for d in shape
     ):
         raise ValueError(
             "`input_shape` must be (height, width, channels) of integers >= 1, "

@@ -53,10 +53,20 @@ from keras_lars.models._common import check_common
 from keras_lars.models._common import classifier
 
 # (filters, kernel size, stride, max pool after)
-ALEXNET_CONVS = ((64, 11, 4, True), (192, 5, 1, True), (384, 3, 1, False),
-                 (256, 3, 1, False), (256, 3, 1, True))
-ALEXNET_BN_CONVS = ((96, 11, 4, True), (256, 5, 1, True), (384, 3, 1, False),
-                    (384, 3, 1, False), (256, 3, 1, True))
+ALEXNET_CONVS = (
+    (64, 11, 4, True),
+    (192, 5, 1, True),
+    (384, 3, 1, False),
+    (256, 3, 1, False),
+    (256, 3, 1, True),
+)
+ALEXNET_BN_CONVS = (
+    (96, 11, 4, True),
+    (256, 5, 1, True),
+    (384, 3, 1, False),
+    (384, 3, 1, False),
+    (256, 3, 1, True),
+)
 FC_UNITS = 4096
 DROPOUT = 0.5
 MIN_INPUT = 7  # conv1 (11x11 after padding 2) needs 7 pixels

@@ -134,14 +134,15 @@ def resnet(
         "_shortcut_bn" (s, b, i from 1) and "fc".
     """
     if not isinstance(depth, int) or isinstance(depth, bool) or depth not in DEPTHS:
-        raise ValueError(
-            f"`depth` must be one of {sorted(DEPTHS)}, received {depth!r}."
-        )
+        raise ValueError(f"`depth` must be one of {sorted(DEPTHS)}, received {depth!r}.")
     if version not in VERSIONS:
         raise ValueError(f"`version` must be one of {VERSIONS}, received {version!r}.")
     name = f"resnet{depth}" if name is None else name
     input_shape = check_common(
-        num_classes, input_shape, float32_logits, name,
+        num_classes,
+        input_shape,
+        float32_logits,
+        name,
         sync_batch_norm=sync_batch_norm,
     )
     check_bool("zero_init_residual_gamma", zero_init_residual_gamma)
@@ -153,13 +154,17 @@ def resnet(
     x = keras.layers.ReLU(name="relu1")(x)
     x = keras.layers.ZeroPadding2D(1, name="pool1_pad")(x)
     x = keras.layers.MaxPooling2D(3, strides=2, name="pool1")(x)
-    for s, (width, strides, count) in enumerate(
-        zip(STAGE_WIDTHS, STAGE_STRIDES, blocks), start=1
-    ):
+    for s, (width, strides, count) in enumerate(zip(STAGE_WIDTHS, STAGE_STRIDES, blocks), start=1):
         for b in range(1, count + 1):
             x = _block(
-                x, kind, width, strides if b == 1 else 1, version,
-                zero_init_residual_gamma, sync_batch_norm, f"stage{s}_block{b}",
+                x,
+                kind,
+                width,
+                strides if b == 1 else 1,
+                version,
+                zero_init_residual_gamma,
+                sync_batch_norm,
+                f"stage{s}_block{b}",
             )
     x = keras.layers.GlobalAveragePooling2D(name="avg_pool")(x)
     outputs = classifier(x, num_classes, float32_logits)

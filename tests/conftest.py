@@ -17,17 +17,15 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
 
-import tensorflow as tf  # noqa: E402
+import tensorflow as tf
 
 _cpus = tf.config.list_physical_devices("CPU")
-tf.config.set_logical_device_configuration(
-    _cpus[0], [tf.config.LogicalDeviceConfiguration()] * 2
-)
+tf.config.set_logical_device_configuration(_cpus[0], [tf.config.LogicalDeviceConfiguration()] * 2)
 
 # Several test files build their own MirroredStrategy; without this each one
 # reuses the first one's collective keys and fails with "Shape mismatch in the
 # collective instance" once the models differ (tensorflow#62790).
-from keras_lars import compat  # noqa: E402
+from keras_lars import compat
 
 compat.apply(["distinct_collective_keys"])
 

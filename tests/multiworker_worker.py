@@ -23,9 +23,9 @@ import sys
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 os.environ.setdefault("KERAS_BACKEND", "tensorflow")
 
-import keras  # noqa: E402
-import numpy as np  # noqa: E402
-import tensorflow as tf  # noqa: E402
+import keras
+import numpy as np
+import tensorflow as tf
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if ROOT not in sys.path:
@@ -55,9 +55,7 @@ def make_dataset():
     gradient of one global batch, as a single process training on it."""
     x, y = make_data()
     options = tf.data.Options()
-    options.experimental_distribute.auto_shard_policy = (
-        tf.data.experimental.AutoShardPolicy.DATA
-    )
+    options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.DATA
     return tf.data.Dataset.from_tensor_slices((x, y)).batch(GLOBAL_BATCH).with_options(options)
 
 
@@ -72,18 +70,21 @@ def build_model(batch_norm=False, steps_per_execution=1, optimizer=None):
     layers += [keras.layers.Activation("relu"), keras.layers.Dense(3)]
     model = keras.Sequential(layers)
     rng = np.random.default_rng(1)
-    model.set_weights([  # kernels random; biases and batch-norm state as Keras sets them
-        rng.normal(scale=0.5, size=w.shape).astype("float32") if w.ndim == 2 else w
-        for w in model.get_weights()
-    ])
+    model.set_weights(
+        [  # kernels random; biases and batch-norm state as Keras sets them
+            rng.normal(scale=0.5, size=w.shape).astype("float32") if w.ndim == 2 else w
+            for w in model.get_weights()
+        ]
+    )
     schedule = keras_lars.WarmupPolyDecay(
-        peak_learning_rate=1.0, warmup_steps=4, total_steps=EPOCHS * BATCHES_PER_EPOCH,
+        peak_learning_rate=1.0,
+        warmup_steps=4,
+        total_steps=EPOCHS * BATCHES_PER_EPOCH,
         end_learning_rate=0.01,
     )
     model.compile(
-        optimizer=optimizer or keras_lars.LARS(
-            schedule, momentum=0.9, weight_decay=1e-3, trust_coefficient=0.01
-        ),
+        optimizer=optimizer
+        or keras_lars.LARS(schedule, momentum=0.9, weight_decay=1e-3, trust_coefficient=0.01),
         loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
         metrics=["accuracy"],
         steps_per_execution=steps_per_execution,
@@ -141,7 +142,9 @@ def main(argv):
     results = {}
     if job == "mirrored_symptom":  # two logical CPUs, no TF_CONFIG
         cpu = tf.config.list_physical_devices("CPU")[0]
-        tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * 2)
+        tf.config.set_logical_device_configuration(
+            cpu, [tf.config.LogicalDeviceConfiguration()] * 2
+        )
         mirrored = lambda: tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])  # noqa: E731
         if options["--bug"] == "steps_per_execution":  # keras#19246
             results["error"] = _error(lambda: train(mirrored(), steps_per_execution=4))

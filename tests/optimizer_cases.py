@@ -41,9 +41,7 @@ def gradient_steps(seed=1, steps=STEPS):
 
 def make_variables(weights=None):
     weights = initial_weights() if weights is None else weights
-    return [
-        keras.Variable(value, name=name) for name, value in zip(SHAPES, weights)
-    ]
+    return [keras.Variable(value, name=name) for name, value in zip(SHAPES, weights)]
 
 
 def run(optimizer, steps=None, weights=None):

@@ -10,9 +10,22 @@ def _norm(x):
     return float(np.sqrt(np.sum(np.asarray(x, np.float64) ** 2)))
 
 
-def lars(weights, gradient_steps, learning_rates, *, momentum=0.9, weight_decay=0.0,
-         eta=0.001, epsilon=0.0, nesterov=False, classic=True,
-         denominator="sum_of_norms", clip=False, decay=None, adapt=None):
+def lars(
+    weights,
+    gradient_steps,
+    learning_rates,
+    *,
+    momentum=0.9,
+    weight_decay=0.0,
+    eta=0.001,
+    epsilon=0.0,
+    nesterov=False,
+    classic=True,
+    denominator="sum_of_norms",
+    clip=False,
+    decay=None,
+    adapt=None,
+):
     """You, Gitman, Ginsburg 2017, Algorithm 1 and its common variants.
 
     weights: list of arrays; gradient_steps: list (per step) of lists of arrays;
@@ -50,8 +63,19 @@ def lars(weights, gradient_steps, learning_rates, *, momentum=0.9, weight_decay=
     return w
 
 
-def lamb(weights, gradient_steps, learning_rates, *, beta_1=0.9, beta_2=0.999,
-         epsilon=1e-6, weight_decay=0.0, decay=None, adapt=None, bounds=None):
+def lamb(
+    weights,
+    gradient_steps,
+    learning_rates,
+    *,
+    beta_1=0.9,
+    beta_2=0.999,
+    epsilon=1e-6,
+    weight_decay=0.0,
+    decay=None,
+    adapt=None,
+    bounds=None,
+):
     """You et al. 2019, Algorithm 2 (as in tensorflow-addons' LAMB)."""
     w = [np.array(x, np.float64) for x in weights]
     m = [np.zeros_like(x) for x in w]
@@ -63,8 +87,8 @@ def lamb(weights, gradient_steps, learning_rates, *, beta_1=0.9, beta_2=0.999,
             g = np.asarray(g, np.float64)
             m[i] = beta_1 * m[i] + (1 - beta_1) * g
             v[i] = beta_2 * v[i] + (1 - beta_2) * g * g
-            m_hat = m[i] / (1 - beta_1 ** t)
-            v_hat = v[i] / (1 - beta_2 ** t)
+            m_hat = m[i] / (1 - beta_1**t)
+            v_hat = v[i] / (1 - beta_2**t)
             r = m_hat / (np.sqrt(v_hat) + epsilon)
             if decay[i]:
                 r = r + weight_decay * w[i]

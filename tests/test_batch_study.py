@@ -20,8 +20,14 @@ from keras_lars.tools import train
 from tests import train_data
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
-TINY = ["--image_size=8", "--train_epochs=1", "--warmup_epochs=0", "--batch_sizes=512,full",
-        "--optimizers=sgd,lars", "--seeds=1"]
+TINY = [
+    "--image_size=8",
+    "--train_epochs=1",
+    "--warmup_epochs=0",
+    "--batch_sizes=512,full",
+    "--optimizers=sgd,lars",
+    "--seeds=1",
+]
 
 
 def parse(*argv):
@@ -67,7 +73,8 @@ def test_tiny_sweep_writes_tables_and_plot_and_reuses_finished_cells(tmp_path, m
     rows = read_csv(os.path.join(study_dir, "cells.csv"))
     assert len(rows) == 4
     assert {(r["optimizer"], int(r["batch_size"]), int(r["seed"])) for r in rows} == {
-        (o, b, 0) for o in base for b in batches}
+        (o, b, 0) for o in base for b in batches
+    }
     for row in rows:
         batch = int(row["batch_size"])
         for metric in ("test_accuracy", "test_accuracy_precise_bn", "train_accuracy"):
@@ -77,7 +84,8 @@ def test_tiny_sweep_writes_tables_and_plot_and_reuses_finished_cells(tmp_path, m
         assert int(row["steps"]) == num_train // batch == int(row["steps_per_epoch"])
         assert int(row["epochs"]) == 1 and int(row["warmup_steps"]) == 0
         assert float(row["peak_learning_rate"]) == pytest.approx(
-            base[row["optimizer"]] * batch / 256)
+            base[row["optimizer"]] * batch / 256
+        )
         assert row["full_batch"] == str(batch == num_train)
     cells = read_json(os.path.join(study_dir, "cells.json"))
     assert cells["study"]["train_examples"] == num_train
@@ -121,12 +129,14 @@ def test_tiny_sweep_writes_tables_and_plot_and_reuses_finished_cells(tmp_path, m
         return {"key": cell.key, "row": row, "config": {}, "history": []}
 
     monkeypatch.setattr(batch_study, "run_cell", stand_in)
-    _, trained = batch_study.run_study(parse(*TINY, f"--study_dir={study_dir}",
-                                       "--base_learning_rates=sgd=0.2"))
+    _, trained = batch_study.run_study(
+        parse(*TINY, f"--study_dir={study_dir}", "--base_learning_rates=sgd=0.2")
+    )
     assert [(c.optimizer, c.batch_size) for c in asked] == [("sgd", b) for b in batches]
     assert trained == [c.key for c in asked]
-    assert all(c.config.peak_learning_rate == pytest.approx(0.2 * c.batch_size / 256)
-               for c in asked)
+    assert all(
+        c.config.peak_learning_rate == pytest.approx(0.2 * c.batch_size / 256) for c in asked
+    )
     assert not {c.key for c in asked} & {r["key"] for r in rows}
     assert len(store_lines(study_dir)) == 6 and len(trainings) == 4
 
@@ -137,8 +147,12 @@ def test_peak_rates_follow_each_rule():
     assert train.scaled_learning_rate(0.01, 64, "sqrt") == pytest.approx(0.005)
     assert train.scaled_learning_rate(3.0, 64, "none") == 3.0
     study = parse("--lr_scaling=lars=sqrt", "--base_learning_rates=lamb=0.04")
-    assert study.rates == {"sgd": (0.1, "linear"), "nesterov": (0.1, "linear"),
-                           "lars": (2.5, "sqrt"), "lamb": (0.04, "sqrt")}
+    assert study.rates == {
+        "sgd": (0.1, "linear"),
+        "nesterov": (0.1, "linear"),
+        "lars": (2.5, "sqrt"),
+        "lamb": (0.04, "sqrt"),
+    }
     cells = batch_study.make_cells(study, 1024)
     assert len(cells) == 4 * 4 * 3  # optimizers x (32, 128, 512, full) x seeds
     peaks = {(c.optimizer, c.batch_size): c.config.peak_learning_rate for c in cells}
@@ -155,23 +169,44 @@ def test_study_defaults_and_keys_cover_the_whole_config():
     assert parse("--image_size=24", "--train_epochs=4").shared.train_epochs == 4
     assert len({c.key for c in cells}) == len(cells)
     assert [c.batch_size for c in cells[:4]] == [32, 128, 512, 1438]
-    assert all(c.config.model_dir.startswith(os.path.join(study.study_dir, "cells"))
-               for c in cells)
+    assert all(c.config.model_dir.startswith(os.path.join(study.study_dir, "cells")) for c in cells)
     key = cells[0].key
     assert batch_study.cell_key(dataclasses.replace(config, model_dir="elsewhere")) == key
-    for field, value in (("weight_decay", 0.0), ("momentum", 0.8), ("train_epochs", 11),
-                         ("model", "resnet34"), ("image_size", 8), ("label_smoothing", 0.1)):
+    for field, value in (
+        ("weight_decay", 0.0),
+        ("momentum", 0.8),
+        ("train_epochs", 11),
+        ("model", "resnet34"),
+        ("image_size", 8),
+        ("label_smoothing", 0.1),
+    ):
         assert batch_study.cell_key(dataclasses.replace(config, **{field: value})) != key, field
 
 
 def test_aggregate_is_mean_and_sample_std_over_seeds():
-    accuracies = {("lars", 32): [0.9, 0.8, 0.95], ("sgd", 32): [0.5, 0.7, 0.6],
-                  ("lars", 64): [0.25]}
-    rows = [{"optimizer": o, "batch_size": b, "seed": s, "test_accuracy": a,
-             "test_accuracy_precise_bn": 1.0 - a / 2, "train_accuracy": a / 4,
-             "test_loss": 1.0 + s, "test_loss_precise_bn": 2.0 * s, "steps": 10,
-             "peak_learning_rate": 0.1, "full_batch": False, "wall_seconds": 2.0 + s}
-            for (o, b), values in accuracies.items() for s, a in enumerate(values)]
+    accuracies = {
+        ("lars", 32): [0.9, 0.8, 0.95],
+        ("sgd", 32): [0.5, 0.7, 0.6],
+        ("lars", 64): [0.25],
+    }
+    rows = [
+        {
+            "optimizer": o,
+            "batch_size": b,
+            "seed": s,
+            "test_accuracy": a,
+            "test_accuracy_precise_bn": 1.0 - a / 2,
+            "train_accuracy": a / 4,
+            "test_loss": 1.0 + s,
+            "test_loss_precise_bn": 2.0 * s,
+            "steps": 10,
+            "peak_learning_rate": 0.1,
+            "full_batch": False,
+            "wall_seconds": 2.0 + s,
+        }
+        for (o, b), values in accuracies.items()
+        for s, a in enumerate(values)
+    ]
     found = {(r["optimizer"], r["batch_size"]): r for r in batch_study.aggregate(rows)}
     assert found.keys() == accuracies.keys()
 
@@ -182,8 +217,10 @@ def test_aggregate_is_mean_and_sample_std_over_seeds():
         return mean, (sum((v - mean) ** 2 for v in values) / (len(values) - 1)) ** 0.5
 
     for cell, values in accuracies.items():
-        for metric, seen in (("test_accuracy", values),
-                             ("test_accuracy_precise_bn", [1.0 - v / 2 for v in values])):
+        for metric, seen in (
+            ("test_accuracy", values),
+            ("test_accuracy_precise_bn", [1.0 - v / 2 for v in values]),
+        ):
             mean, std = mean_std(seen)
             assert found[cell][f"{metric}_mean"] == pytest.approx(mean)
             assert found[cell][f"{metric}_std"] == pytest.approx(std)
@@ -206,22 +243,25 @@ def test_store_ignores_a_torn_last_line(tmp_path):
     assert batch_study.load_store(str(tmp_path / "missing.jsonl")) == {}
 
 
-@pytest.mark.parametrize("argv, culprit", [
-    (["--batch_sizes=32,0"], "--batch_sizes"),
-    (["--batch_sizes=32,big"], "--batch_sizes"),
-    (["--batch_sizes="], "--batch_sizes"),
-    (["--optimizers=sgd,adam"], "--optimizers"),
-    (["--optimizers=sgd,sgd"], "--optimizers"),
-    (["--seeds=0"], "--seeds=0"),
-    (["--base_learning_rates=sgd=-1"], "--base_learning_rates"),
-    (["--base_learning_rates=sgd=fast"], "--base_learning_rates"),
-    (["--base_learning_rates=adam=0.1"], "--base_learning_rates"),
-    (["--lr_scaling=lars=cubic"], "--lr_scaling"),
-    (["--lr_scaling=lars"], "--lr_scaling"),
-    (["--study_dir="], "--study_dir"),
-    (["--momentum=1.5"], "--momentum=1.5"),
-    (["--dataset=imagenet"], "--data_dir"),
-])
+@pytest.mark.parametrize(
+    "argv, culprit",
+    [
+        (["--batch_sizes=32,0"], "--batch_sizes"),
+        (["--batch_sizes=32,big"], "--batch_sizes"),
+        (["--batch_sizes="], "--batch_sizes"),
+        (["--optimizers=sgd,adam"], "--optimizers"),
+        (["--optimizers=sgd,sgd"], "--optimizers"),
+        (["--seeds=0"], "--seeds=0"),
+        (["--base_learning_rates=sgd=-1"], "--base_learning_rates"),
+        (["--base_learning_rates=sgd=fast"], "--base_learning_rates"),
+        (["--base_learning_rates=adam=0.1"], "--base_learning_rates"),
+        (["--lr_scaling=lars=cubic"], "--lr_scaling"),
+        (["--lr_scaling=lars"], "--lr_scaling"),
+        (["--study_dir="], "--study_dir"),
+        (["--momentum=1.5"], "--momentum=1.5"),
+        (["--dataset=imagenet"], "--data_dir"),
+    ],
+)
 def test_bad_flags_name_the_flag(argv, culprit):
     with pytest.raises(train.ConfigError, match=culprit):
         parse(*argv)
@@ -238,9 +278,11 @@ def test_the_settings_set_per_cell_are_not_flags(flag):
 
 
 def test_bad_batch_plans_are_refused_before_training():
-    for argv, culprit in ((["--batch_sizes=32,2048"], "--batch_sizes=32,2048: 2048 exceeds"),
-                          (["--batch_sizes=1438,full"], "--batch_sizes=1438,full"),
-                          (["--warmup_epochs=20", "--train_epochs=3"], "--warmup_epochs=20")):
+    for argv, culprit in (
+        (["--batch_sizes=32,2048"], "--batch_sizes=32,2048: 2048 exceeds"),
+        (["--batch_sizes=1438,full"], "--batch_sizes=1438,full"),
+        (["--warmup_epochs=20", "--train_epochs=3"], "--warmup_epochs=20"),
+    ):
         with pytest.raises(train.ConfigError, match=culprit):
             batch_study.make_cells(parse(*argv), 1438)
 
@@ -248,13 +290,19 @@ def test_bad_batch_plans_are_refused_before_training():
 def test_command_line_error_is_one_line(tmp_path):
     study_dir = tmp_path / "study"
     script = os.path.join(os.path.dirname(sys.executable), "keras-lars-study")
-    process = subprocess.run([script, "--batch_sizes=64,4096", f"--study_dir={study_dir}"],
-                             capture_output=True, text=True, timeout=300,
-                             env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"))
+    process = subprocess.run(
+        [script, "--batch_sizes=64,4096", f"--study_dir={study_dir}"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"),
+    )
     assert process.returncode == 1
     errors = [line for line in process.stderr.splitlines() if line.startswith("error:")]
-    assert errors == ["error: --batch_sizes=64,4096: 4096 exceeds the 1438 training "
-                      "examples (an epoch would have no step)."]
+    assert errors == [
+        "error: --batch_sizes=64,4096: 4096 exceeds the 1438 training "
+        "examples (an epoch would have no step)."
+    ]
     assert "Traceback" not in process.stderr
     assert not study_dir.exists()
 
@@ -262,10 +310,19 @@ def test_command_line_error_is_one_line(tmp_path):
 def test_a_tfrecord_dataset_sweeps_up_to_its_whole_training_set(tmp_path):
     records = train_data.imagenet_records(str(tmp_path), train_per_class=8, eval_per_class=2)
     study_dir = str(tmp_path / "study")
-    rows, trained = batch_study.run_study(parse(
-        "--dataset=imagenet", f"--data_dir={records}", "--image_size=8", "--train_epochs=1",
-        "--warmup_epochs=0", "--optimizers=lamb", "--batch_sizes=full", "--seeds=1",
-        f"--study_dir={study_dir}"))
+    rows, trained = batch_study.run_study(
+        parse(
+            "--dataset=imagenet",
+            f"--data_dir={records}",
+            "--image_size=8",
+            "--train_epochs=1",
+            "--warmup_epochs=0",
+            "--optimizers=lamb",
+            "--batch_sizes=full",
+            "--seeds=1",
+            f"--study_dir={study_dir}",
+        )
+    )
     # 4 classes x 8 training images (dataset.json): one step of 32 per epoch.
     assert len(trained) == 1 and len(rows) == 1
     assert (rows[0]["batch_size"], rows[0]["steps"], rows[0]["full_batch"]) == (32, 1, True)
@@ -283,17 +340,22 @@ def test_precise_bn_sets_moving_statistics_to_the_average_of_batch_statistics():
     model = keras.Model(inputs, outputs)
     batches = [rng.normal(k, 1 + k, size=(8, 3)).astype("float32") for k in range(3)]
     assert batch_study.recalibrate_batch_norm(model, iter(batches)) == 2
-    first, second = [layer for layer in model.layers
-                     if isinstance(layer, keras.layers.BatchNormalization)]
-    np.testing.assert_allclose(first.moving_mean.numpy(),
-                               np.mean([b.mean(0) for b in batches], 0), rtol=1e-5)
-    np.testing.assert_allclose(first.moving_variance.numpy(),
-                               np.mean([b.var(0) for b in batches], 0), rtol=1e-5)
+    first, second = [
+        layer for layer in model.layers if isinstance(layer, keras.layers.BatchNormalization)
+    ]
+    np.testing.assert_allclose(
+        first.moving_mean.numpy(), np.mean([b.mean(0) for b in batches], 0), rtol=1e-5
+    )
+    np.testing.assert_allclose(
+        first.moving_variance.numpy(), np.mean([b.var(0) for b in batches], 0), rtol=1e-5
+    )
     # The second layer sees the first one's training-mode output, through Dense.
     kernel, bias = (v.numpy() for v in model.layers[2].weights)
     dense = [((b - b.mean(0)) / np.sqrt(b.var(0) + 1e-5)) @ kernel + bias for b in batches]
-    np.testing.assert_allclose(second.moving_mean.numpy(),
-                               np.mean([d.mean(0) for d in dense], 0), rtol=1e-4, atol=1e-6)
-    np.testing.assert_allclose(second.moving_variance.numpy(),
-                               np.mean([d.var(0) for d in dense], 0), rtol=1e-4)
+    np.testing.assert_allclose(
+        second.moving_mean.numpy(), np.mean([d.mean(0) for d in dense], 0), rtol=1e-4, atol=1e-6
+    )
+    np.testing.assert_allclose(
+        second.moving_variance.numpy(), np.mean([d.var(0) for d in dense], 0), rtol=1e-4
+    )
     assert first.momentum == second.momentum == 0.9

@@ -46,26 +46,39 @@ def _data(n=48, seed=0):
 
 def _model(learning_rate=0.5, steps_per_execution=1, seed=0, wrap=False, **lars_kwargs):
     keras.utils.set_random_seed(seed)
-    model = keras.Sequential([
-        keras.Input((6,)),
-        keras.layers.Dense(8, activation="relu"),
-        keras.layers.BatchNormalization(),
-        keras.layers.Dense(2),
-    ])
-    optimizer = keras_lars.LARS(learning_rate=learning_rate, weight_decay=1e-3,
-                                trust_coefficient=0.02, **lars_kwargs)
+    model = keras.Sequential(
+        [
+            keras.Input((6,)),
+            keras.layers.Dense(8, activation="relu"),
+            keras.layers.BatchNormalization(),
+            keras.layers.Dense(2),
+        ]
+    )
+    optimizer = keras_lars.LARS(
+        learning_rate=learning_rate, weight_decay=1e-3, trust_coefficient=0.02, **lars_kwargs
+    )
     if wrap:
         optimizer = keras.optimizers.LossScaleOptimizer(optimizer)
-    model.compile(optimizer=optimizer,
-                  loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
-                  steps_per_execution=steps_per_execution)
+    model.compile(
+        optimizer=optimizer,
+        loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+        steps_per_execution=steps_per_execution,
+    )
     return model
 
 
 def _fit(model, epochs=3, callbacks=(), initial_epoch=0):
     x, y = _data()
-    return model.fit(x, y, batch_size=8, epochs=epochs, shuffle=False, verbose=0,
-                     callbacks=list(callbacks), initial_epoch=initial_epoch)
+    return model.fit(
+        x,
+        y,
+        batch_size=8,
+        epochs=epochs,
+        shuffle=False,
+        verbose=0,
+        callbacks=list(callbacks),
+        initial_epoch=initial_epoch,
+    )
 
 
 def _assert_same_weights(a, b):
@@ -83,7 +96,9 @@ def test_callback_gives_the_schedules_weights_with_steps_per_execution():
         # History: the optimizer's rate at each epoch end (that of the next step).
         np.testing.assert_allclose(
             history.history["learning_rate"],
-            [_expected_rate(STEPS_PER_EPOCH * e) for e in (1, 2, 3)], rtol=1e-6)
+            [_expected_rate(STEPS_PER_EPOCH * e) for e in (1, 2, 3)],
+            rtol=1e-6,
+        )
     constant = _model(learning_rate=0.5)
     _fit(constant)
     assert not np.allclose(constant.get_weights()[0], by_schedule.get_weights()[0])
@@ -96,8 +111,9 @@ def test_callback_on_a_loss_scale_optimizer():
     history = _fit(model, epochs=2, callbacks=[_callback()])
     for u, v in zip(model.get_weights(), by_schedule.get_weights()):
         np.testing.assert_allclose(u, v, rtol=1e-5, atol=1e-7)
-    np.testing.assert_allclose(history.history["learning_rate"],
-                               [_expected_rate(6), _expected_rate(12)], rtol=1e-6)
+    np.testing.assert_allclose(
+        history.history["learning_rate"], [_expected_rate(6), _expected_rate(12)], rtol=1e-6
+    )
 
 
 def test_callback_under_mirrored_strategy():
@@ -109,8 +125,9 @@ def test_callback_under_mirrored_strategy():
         model = _model()
     history = _fit(model, epochs=2, callbacks=[_callback()])
     _assert_same_weights(model, by_schedule)
-    np.testing.assert_allclose(history.history["learning_rate"],
-                               [_expected_rate(6), _expected_rate(12)], rtol=1e-6)
+    np.testing.assert_allclose(
+        history.history["learning_rate"], [_expected_rate(6), _expected_rate(12)], rtol=1e-6
+    )
 
 
 class _Interrupt(keras.callbacks.Callback):
@@ -131,8 +148,14 @@ def test_callback_resumes_after_backup_and_restore(tmp_path, same_model):
     backup = str(tmp_path / "backup")
     model = _model()
     with pytest.raises(RuntimeError, match="interrupted"):  # mid-way through epoch 2
-        _fit(model, callbacks=[_callback(), keras.callbacks.BackupAndRestore(backup),
-                               _Interrupt(at_step=9)])
+        _fit(
+            model,
+            callbacks=[
+                _callback(),
+                keras.callbacks.BackupAndRestore(backup),
+                _Interrupt(at_step=9),
+            ],
+        )
     if not same_model:  # a new process: new model (other initial weights), new callback
         model = _model(seed=7)
     # BackupAndRestore first: it loads the optimizer's variables before the
@@ -141,8 +164,9 @@ def test_callback_resumes_after_backup_and_restore(tmp_path, same_model):
     assert history.epoch == [1, 2]  # resumed at the start of epoch 2
     assert int(model.optimizer.iterations) == 3 * STEPS_PER_EPOCH
     _assert_same_weights(model, uninterrupted)
-    np.testing.assert_allclose(history.history["learning_rate"],
-                               [_expected_rate(12), _expected_rate(18)], rtol=1e-6)
+    np.testing.assert_allclose(
+        history.history["learning_rate"], [_expected_rate(12), _expected_rate(18)], rtol=1e-6
+    )
 
 
 class _RateProbe(keras.callbacks.Callback):
@@ -162,22 +186,24 @@ def test_callback_reaches_a_train_function_traced_before_and_hands_back_a_float(
     _fit(model, epochs=1)  # traces a train function that reads the float rate
     probe = _RateProbe()
     path = str(tmp_path / "checkpoint.keras")
-    _fit(model, epochs=2, initial_epoch=1,
-         callbacks=[_callback(), probe, keras.callbacks.ModelCheckpoint(path)])
+    _fit(
+        model,
+        epochs=2,
+        initial_epoch=1,
+        callbacks=[_callback(), probe, keras.callbacks.ModelCheckpoint(path)],
+    )
     # In-graph: after step s the variable holds the rate step s used.
     np.testing.assert_allclose(probe.rates, [_expected_rate(11)], rtol=1e-6)
     # A `.keras` saved mid-training loads with a float rate, the current one.
     loaded = keras.saving.load_model(path)
     assert isinstance(loaded.optimizer._learning_rate, keras.Variable)
-    np.testing.assert_allclose(float(loaded.optimizer.learning_rate), _expected_rate(12),
-                               rtol=1e-6)
+    np.testing.assert_allclose(float(loaded.optimizer.learning_rate), _expected_rate(12), rtol=1e-6)
     # After training the optimizer has its float rate back, at the current rate,
     # and a later fit without the callback keeps it constant (steps 12-17).
     assert isinstance(model.optimizer._learning_rate, keras.Variable)
     assert isinstance(model.optimizer.get_config()["learning_rate"], float)
     _fit(model, epochs=3, initial_epoch=2)
-    np.testing.assert_allclose(float(model.optimizer.learning_rate), _expected_rate(12),
-                               rtol=1e-6)
+    np.testing.assert_allclose(float(model.optimizer.learning_rate), _expected_rate(12), rtol=1e-6)
 
 
 def test_callback_refuses_an_optimizer_with_a_schedule():
@@ -198,10 +224,12 @@ def test_callback_bad_input_and_config():
     with pytest.raises(ValueError, match="power"):
         WarmupPolyDecayCallback(1.0, 2, 20, power=0)
     with pytest.raises(ValueError, match="schedule"):
-        WarmupPolyDecayCallback.from_schedule(keras.optimizers.schedules.ExponentialDecay(
-            1.0, 10, 0.5))
-    schedule = WarmupPolyDecay(3.0, 5, 50, power=1.0, end_learning_rate=0.0,
-                               start_learning_rate=0.5)
+        WarmupPolyDecayCallback.from_schedule(
+            keras.optimizers.schedules.ExponentialDecay(1.0, 10, 0.5)
+        )
+    schedule = WarmupPolyDecay(
+        3.0, 5, 50, power=1.0, end_learning_rate=0.0, start_learning_rate=0.5
+    )
     callback = WarmupPolyDecayCallback.from_schedule(schedule)
     expected = schedule.get_config()
     expected.pop("name")
@@ -244,8 +272,10 @@ def test_trust_ratio_monitor_writes_one_series_per_adapted_layer(tmp_path, wrap)
     kernels = [layer.kernel.path for layer in model.layers if hasattr(layer, "kernel")]
     assert len(kernels) == 2  # biases and batch-norm parameters are not adapted
     assert sorted(series) == sorted(
-        f"{kind}/{path}" for kind in ("trust_ratio", "weight_norm", "update_norm")
-        for path in kernels)
+        f"{kind}/{path}"
+        for kind in ("trust_ratio", "weight_norm", "update_norm")
+        for path in kernels
+    )
     for tag, points in series.items():
         assert [step for step, _ in points] == [5, 10]  # 12 steps, every 5
         assert all(np.isfinite(value) and value > 0 for _, value in points), tag
@@ -258,8 +288,7 @@ def test_trust_ratio_monitor_writes_one_series_per_adapted_layer(tmp_path, wrap)
         weights = series[f"weight_norm/{path}"]
         for (_, ratio), (_, update), (_, weight) in zip(ratios, updates, weights):
             # LARS: ratio = eta * ||w|| / (||g|| + beta * ||w||)
-            np.testing.assert_allclose(ratio, 0.02 * weight / (update + 1e-3 * weight),
-                                       rtol=1e-5)
+            np.testing.assert_allclose(ratio, 0.02 * weight / (update + 1e-3 * weight), rtol=1e-5)
 
 
 def test_trust_ratio_monitor_with_steps_per_execution(tmp_path):
@@ -278,8 +307,9 @@ def test_trust_ratio_monitor_bad_input(tmp_path):
     model = _model()
     model.compile(optimizer=keras.optimizers.SGD(0.1), loss="mse")
     with pytest.raises(ValueError, match="LARS or LAMB"):
-        model.fit(np.zeros((8, 6)), np.zeros((8, 2)), verbose=0,
-                  callbacks=[TrustRatioMonitor(log_dir)])
+        model.fit(
+            np.zeros((8, 6)), np.zeros((8, 2)), verbose=0, callbacks=[TrustRatioMonitor(log_dir)]
+        )
     with pytest.raises(ValueError, match="every_n_steps"):
         TrustRatioMonitor(log_dir, every_n_steps=0)
     with pytest.raises(ValueError, match="log_dir"):
@@ -324,11 +354,18 @@ JAX_PROGRAM = textwrap.dedent("""
 def test_callback_on_the_jax_backend():
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     environment = dict(os.environ, PYTHONPATH=root, KERAS_BACKEND="jax", JAX_PLATFORMS="cpu")
-    result = subprocess.run([sys.executable, "-c", JAX_PROGRAM], capture_output=True,
-                            text=True, env=environment, timeout=300, check=False)
+    result = subprocess.run(
+        [sys.executable, "-c", JAX_PROGRAM],
+        capture_output=True,
+        text=True,
+        env=environment,
+        timeout=300,
+        check=False,
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     report = json.loads(result.stdout.strip().splitlines()[-1])
     assert report["backend"] == "jax"
     assert report["max_difference"] == 0.0
-    np.testing.assert_allclose(report["rates"], [_expected_rate(6), _expected_rate(12),
-                                                 _expected_rate(18)], rtol=1e-6)
+    np.testing.assert_allclose(
+        report["rates"], [_expected_rate(6), _expected_rate(12), _expected_rate(18)], rtol=1e-6
+    )

@@ -66,13 +66,19 @@ def _bn_model(synchronized=False):
     """Batch norm on the inputs (its statistics then depend on the data
     only), then a small convolutional classifier."""
     keras.utils.set_random_seed(0)
-    model = keras.Sequential([
-        keras.Input((6, 6, 2)),
-        keras.layers.BatchNormalization(momentum=MOMENTUM, synchronized=synchronized),
-        keras.layers.Conv2D(3, 3), keras.layers.GlobalAveragePooling2D(), keras.layers.Dense(2),
-    ])
-    model.compile(optimizer=keras.optimizers.SGD(0.1),
-                  loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    model = keras.Sequential(
+        [
+            keras.Input((6, 6, 2)),
+            keras.layers.BatchNormalization(momentum=MOMENTUM, synchronized=synchronized),
+            keras.layers.Conv2D(3, 3),
+            keras.layers.GlobalAveragePooling2D(),
+            keras.layers.Dense(2),
+        ]
+    )
+    model.compile(
+        optimizer=keras.optimizers.SGD(0.1),
+        loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+    )
     return model
 
 
@@ -149,7 +155,7 @@ def test_batch_norm_patch_leaves_synchronized_and_single_replica_layers_alone(re
     assert synchronized.value.synchronization != tf.VariableSynchronization.ON_READ
     assert synchronized.aggregation == "none"
 
-    x, global_batches, y = _replica_data()
+    _, global_batches, y = _replica_data()
 
     def fit_one_device():
         model = _bn_model()
@@ -180,26 +186,34 @@ def _count_and_weights(strategy, steps_per_execution, unknown_cardinality):
         dataset = dataset.filter(lambda *batch: True)
         assert dataset.cardinality() == tf.data.UNKNOWN_CARDINALITY
     schedule = keras_lars.WarmupPolyDecay(
-        peak_learning_rate=1.0, warmup_steps=4, total_steps=BATCHES * DATA_EPOCHS + 3,
-        end_learning_rate=0.01)
+        peak_learning_rate=1.0,
+        warmup_steps=4,
+        total_steps=BATCHES * DATA_EPOCHS + 3,
+        end_learning_rate=0.01,
+    )
     with strategy.scope():
         model = keras.Sequential([keras.Input((5,)), keras.layers.Dense(2)])
-        model.set_weights([np.linspace(-1, 1, 10, dtype="float32").reshape(5, 2),
-                           np.zeros(2, "float32")])
-        model.compile(optimizer=keras_lars.LARS(schedule, momentum=0.9, trust_coefficient=0.01),
-                      loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
-                      steps_per_execution=steps_per_execution)
+        model.set_weights(
+            [np.linspace(-1, 1, 10, dtype="float32").reshape(5, 2), np.zeros(2, "float32")]
+        )
+        model.compile(
+            optimizer=keras_lars.LARS(schedule, momentum=0.9, trust_coefficient=0.01),
+            loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+            steps_per_execution=steps_per_execution,
+        )
     model.fit(dataset, epochs=DATA_EPOCHS, shuffle=False, verbose=0)
     return int(model.optimizer.iterations.numpy()), model.get_weights()
 
 
 @pytest.mark.filterwarnings("ignore:Your input ran out of data")
-@pytest.mark.parametrize("strategy_kind, steps_per_execution", [
-    ("default", 1), ("mirrored", 1), ("mirrored", 4)])
+@pytest.mark.parametrize(
+    "strategy_kind, steps_per_execution", [("default", 1), ("mirrored", 1), ("mirrored", 4)]
+)
 def test_iterations_count_the_steps_run_at_the_end_of_unknown_cardinality(
     strategy_kind, steps_per_execution, restore_compat
 ):
     """mirrored with 4: the steps_per_execution_loop patch's first step."""
+
     def strategy():
         if strategy_kind == "default":
             return tf.distribute.get_strategy()
@@ -225,14 +239,26 @@ def test_both_workarounds_are_undone_exactly():
     bn = keras.layers.BatchNormalization
     names = ["mean_batch_norm_statistics", "iterations_after_data"]
     with compat.unpatched(names):
-        originals = (bn.build, TensorFlowTrainer.make_train_function,
-                     TensorFlowTrainer.evaluate, TensorFlowTrainer.predict)
+        originals = (
+            bn.build,
+            TensorFlowTrainer.make_train_function,
+            TensorFlowTrainer.evaluate,
+            TensorFlowTrainer.predict,
+        )
         with compat.patched(names):
-            patched = (bn.build, TensorFlowTrainer.make_train_function,
-                       TensorFlowTrainer.evaluate, TensorFlowTrainer.predict)
+            patched = (
+                bn.build,
+                TensorFlowTrainer.make_train_function,
+                TensorFlowTrainer.evaluate,
+                TensorFlowTrainer.predict,
+            )
             assert all(p is not o for p, o in zip(patched, originals))
-        assert (bn.build, TensorFlowTrainer.make_train_function,
-                TensorFlowTrainer.evaluate, TensorFlowTrainer.predict) == originals
+        assert (
+            bn.build,
+            TensorFlowTrainer.make_train_function,
+            TensorFlowTrainer.evaluate,
+            TensorFlowTrainer.predict,
+        ) == originals
 
 
 # --- version and shape gates -------------------------------------------------
@@ -259,8 +285,9 @@ def fresh_compat(monkeypatch, restore_compat):
 def _replace(monkeypatch, name, **changes):
     import dataclasses
 
-    workarounds = tuple(dataclasses.replace(w, **changes) if w.name == name else w
-                        for w in compat.WORKAROUNDS)
+    workarounds = tuple(
+        dataclasses.replace(w, **changes) if w.name == name else w for w in compat.WORKAROUNDS
+    )
     monkeypatch.setattr(compat, "WORKAROUNDS", workarounds)
     monkeypatch.setattr(compat, "_BY_NAME", {w.name: w for w in workarounds})
 
@@ -270,10 +297,12 @@ def test_outside_the_verified_versions_nothing_is_patched(monkeypatch, fresh_com
 
     original = TensorFlowTrainer._make_function
     _replace(monkeypatch, "steps_per_execution_loop", verified=((3, 0), (3, 1)))
-    with pytest.warns(compat.CompatWarning,
-                      match=r"not installing `steps_per_execution_loop` \(keras#19246\): "
-                            rf"Keras {keras.__version__} is outside the versions it was "
-                            r"verified on \(3\.0 to 3\.1\)"):
+    with pytest.warns(
+        compat.CompatWarning,
+        match=r"not installing `steps_per_execution_loop` \(keras#19246\): "
+        rf"Keras {keras.__version__} is outside the versions it was "
+        r"verified on \(3\.0 to 3\.1\)",
+    ):
         installed = compat.apply()
     assert "steps_per_execution_loop" not in installed
     assert "symbolic_build_batch" in installed  # the others still are
@@ -281,10 +310,12 @@ def test_outside_the_verified_versions_nothing_is_patched(monkeypatch, fresh_com
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # warned once only
         compat.apply()
-    with pytest.raises(compat.UnsupportedVersionError,
-                       match=r"^--steps_per_execution=4 under 2 replicas needs keras_lars\.compat's "
-                             r"`steps_per_execution_loop` workaround \(keras#19246\), which cannot "
-                             r"be installed here: Keras .* Use Keras 3\.0 to 3\.1\.$"):
+    with pytest.raises(
+        compat.UnsupportedVersionError,
+        match=r"^--steps_per_execution=4 under 2 replicas needs keras_lars\.compat's "
+        r"`steps_per_execution_loop` workaround \(keras#19246\), which cannot "
+        r"be installed here: Keras .* Use Keras 3\.0 to 3\.1\.$",
+    ):
         compat.require("steps_per_execution_loop", "--steps_per_execution=4 under 2 replicas")
 
 
@@ -300,15 +331,24 @@ def test_a_changed_target_is_not_patched_and_the_feature_refuses(monkeypatch, fr
     workaround = compat._BY_NAME["symbolic_build_batch"]
     assert workaround.problem() == (
         f"its target changed in Keras {keras.__version__}: TensorFlowTrainer._maybe_symbolic_build "
-        "takes (self, iterator, data_batch, extra), expected (self, iterator, data_batch)")
-    monkeypatch.setenv("TF_CONFIG", json.dumps({
-        "cluster": {"worker": ["localhost:1", "localhost:2"]},
-        "task": {"type": "worker", "index": 0}}))
+        "takes (self, iterator, data_batch, extra), expected (self, iterator, data_batch)"
+    )
+    monkeypatch.setenv(
+        "TF_CONFIG",
+        json.dumps(
+            {
+                "cluster": {"worker": ["localhost:1", "localhost:2"]},
+                "task": {"type": "worker", "index": 0},
+            }
+        ),
+    )
     with pytest.warns(compat.CompatWarning, match="not installing `symbolic_build_batch`"):
-        with pytest.raises(compat.UnsupportedVersionError,
-                           match=r"model\.fit under MultiWorkerMirroredStrategy needs "
-                                 r"keras_lars\.compat's `symbolic_build_batch`.*takes \(self, "
-                                 r"iterator, data_batch, extra\)"):
+        with pytest.raises(
+            compat.UnsupportedVersionError,
+            match=r"model\.fit under MultiWorkerMirroredStrategy needs "
+            r"keras_lars\.compat's `symbolic_build_batch`.*takes \(self, "
+            r"iterator, data_batch, extra\)",
+        ):
             keras_lars.make_strategy("multi_worker")
     assert TensorFlowTrainer._maybe_symbolic_build is changed
     assert "symbolic_build_batch" not in compat.applied()
@@ -320,9 +360,11 @@ def test_an_unexpected_epoch_iterator_is_a_clear_error(restore_compat):
     with compat.unpatched(), compat.patched(["symbolic_build_batch"]):
         with tf.distribute.MirroredStrategy(CPUS).scope():
             model = _bn_model()
-        with pytest.raises(compat.UnsupportedVersionError,
-                           match=r"`symbolic_build_batch` expected Keras's epoch iterator to "
-                                 r"yield \(step, batches\) or \(begin, end, batches\), got list"):
+        with pytest.raises(
+            compat.UnsupportedVersionError,
+            match=r"`symbolic_build_batch` expected Keras's epoch iterator to "
+            r"yield \(step, batches\) or \(begin, end, batches\), got list",
+        ):
             model._maybe_symbolic_build(iterator=iter([[0, 1, 2, 3]]))
 
 
@@ -341,10 +383,15 @@ def test_a_workaround_is_not_installed_where_its_symptom_is_absent(monkeypatch, 
 
 def test_behaviour_changes_can_be_left_out(fresh_compat):
     installed = compat.apply(behaviour_changes=False)
-    assert installed == tuple(w.name for w in compat.WORKAROUNDS
-                              if w.kind == "crash" and w.needed())
-    assert {"symbolic_build_batch", "multi_worker_metrics", "steps_per_execution_loop",
-            "distinct_collective_keys"} <= set(installed)
+    assert installed == tuple(
+        w.name for w in compat.WORKAROUNDS if w.kind == "crash" and w.needed()
+    )
+    assert {
+        "symbolic_build_batch",
+        "multi_worker_metrics",
+        "steps_per_execution_loop",
+        "distinct_collective_keys",
+    } <= set(installed)
     assert keras.layers.BatchNormalization.build.__module__.startswith("keras.")
     with pytest.raises(compat.UnsupportedVersionError, match=r"call keras_lars\.compat\.apply\(\)"):
         compat.require("mean_batch_norm_statistics", "the tool")
@@ -356,8 +403,9 @@ def test_installing_is_logged_once_by_name(caplog, fresh_compat):
         compat.unapply()
         compat.apply(["steps_per_execution_loop"])
     messages = [r.getMessage() for r in caplog.records if r.name == "keras_lars"]
-    assert messages == ["keras_lars.compat installed `steps_per_execution_loop` "
-                        "(crash fix, keras#19246)"]
+    assert messages == [
+        "keras_lars.compat installed `steps_per_execution_loop` (crash fix, keras#19246)"
+    ]
 
 
 def test_the_registry_table_lists_every_workaround():
@@ -370,24 +418,56 @@ def test_the_registry_table_lists_every_workaround():
 
 # --- the environment check at import -----------------------------------------
 @pytest.mark.subprocess
-@pytest.mark.parametrize("environment, fake_keras, message", [
-    ({"TF_USE_LEGACY_KERAS": "1"}, None,
-     r"keras_lars needs Keras 3, but TF_USE_LEGACY_KERAS=1 makes TensorFlow use Keras 2"),
-    ({}, "2.15.0", r"keras_lars needs Keras >= 3\.8, < 4; installed: keras 2\.15\.0"),
-    ({}, "3.7.0", r"keras_lars needs Keras >= 3\.8, < 4; installed: keras 3\.7\.0 .*keras#19891"),
-])
-def test_a_wrong_environment_is_one_import_error(environment, fake_keras, message, tmp_path):
+@pytest.mark.parametrize(
+    "environment, fakes, message",
+    [
+        (
+            {"TF_USE_LEGACY_KERAS": "1"},
+            {},
+            r"keras_lars needs Keras 3, but TF_USE_LEGACY_KERAS=1 makes TensorFlow use Keras 2",
+        ),
+        (
+            {},
+            {"keras": "__version__ = '2.15.0'"},
+            r"keras_lars needs Keras >= 3\.8, < 4; installed: keras 2\.15\.0",
+        ),
+        (
+            {},
+            {"keras": "__version__ = '3.7.0'"},
+            r"keras_lars needs Keras >= 3\.8, < 4; installed: keras 3\.7\.0 .*keras#19891",
+        ),
+        (  # TensorFlow missing under Keras's default backend
+            {"KERAS_BACKEND": "tensorflow"},
+            {
+                "tensorflow": "raise ModuleNotFoundError(\"No module named 'tensorflow'\", "
+                "name='tensorflow')"
+            },
+            r"Keras's backend is tensorflow .*but TensorFlow is not installed: "
+            r"pip install 'keras-lars\[cpu\]'",
+        ),
+    ],
+)
+def test_a_wrong_environment_is_one_import_error(environment, fakes, message, tmp_path):
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     path = [root]
-    if fake_keras:  # a `keras` package of another version, found first
-        (tmp_path / "keras").mkdir()
-        (tmp_path / "keras" / "__init__.py").write_text(f"__version__ = {fake_keras!r}\n")
+    for package, source in fakes.items():  # found before the installed one
+        (tmp_path / package).mkdir()
+        (tmp_path / package / "__init__.py").write_text(source + "\n")
+    if fakes:
         path.insert(0, str(tmp_path))
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(path), **environment)
-    program = ("import sys\ntry:\n    import keras_lars\nexcept ImportError as error:\n"
-               "    print(error)\n    sys.exit(3)\n")
-    result = subprocess.run([sys.executable, "-c", program], env=env, capture_output=True,
-                            text=True, timeout=300, check=False)
+    program = (
+        "import sys\ntry:\n    import keras_lars\nexcept ImportError as error:\n"
+        "    print(error)\n    sys.exit(3)\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", program],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
     assert result.returncode == 3, result.stdout + result.stderr[-2000:]
     assert re.search(message, result.stdout.strip()), result.stdout
     assert len(result.stdout.strip().splitlines()) == 1
@@ -411,7 +491,7 @@ def test_fit_on_distribute_datasets_from_function(restore_compat):
     """keras#20134: on Keras < 3.9 Keras's own fit() rejects the dataset; the
     workaround is installed there only, and fit() then trains as on the
     datasets Keras knows. From 3.9 on Keras's own code does it."""
-    x, global_batches, y = _replica_data()
+    _, global_batches, y = _replica_data()
 
     def fit(distribute):
         strategy = tf.distribute.MirroredStrategy(CPUS)
@@ -420,7 +500,8 @@ def test_fit_on_distribute_datasets_from_function(restore_compat):
         dataset = tf.data.Dataset.from_tensor_slices((global_batches, y))
         if distribute:
             data = strategy.distribute_datasets_from_function(
-                lambda context: dataset.batch(context.get_per_replica_batch_size(16)))
+                lambda context: dataset.batch(context.get_per_replica_batch_size(16))
+            )
         else:
             data = dataset.batch(16)
         model.fit(data, epochs=1, verbose=0)
@@ -458,8 +539,10 @@ def test_metrics_under_two_replicas_equal_one_device(restore_compat):
         keras.utils.set_random_seed(0)
         with strategy.scope():
             model = keras.Sequential([keras.Input((5,)), keras.layers.Dense(2)])
-            model.compile(loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
-                          metrics=["accuracy"])
+            model.compile(
+                loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+                metrics=["accuracy"],
+            )
         return model.evaluate(dataset, verbose=0)
 
     single = evaluate(tf.distribute.get_strategy())

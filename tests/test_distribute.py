@@ -71,11 +71,21 @@ class _Workers:
             self.outputs.append(tmp_path / f"{tag}{index}.npz")
             self.logs.append(tmp_path / f"{tag}{index}.log")
             with open(self.logs[-1], "w") as log:
-                self.processes.append(subprocess.Popen(
-                    [sys.executable, worker.__file__, job, str(self.outputs[-1]),
-                     *extra_args[index]],
-                    env=env, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT,
-                ))
+                self.processes.append(
+                    subprocess.Popen(
+                        [
+                            sys.executable,
+                            worker.__file__,
+                            job,
+                            str(self.outputs[-1]),
+                            *extra_args[index],
+                        ],
+                        env=env,
+                        stdout=log,
+                        stderr=subprocess.STDOUT,
+                        cwd=ROOT,
+                    )
+                )
 
     def log_tails(self):
         return "\n".join(
@@ -106,8 +116,10 @@ class _Workers:
 
 
 def _weights(results, prefix):
-    return [results[f"{prefix}/{i}"] for i in range(len(
-        [key for key in results if key.startswith(prefix + "/")]))]
+    return [
+        results[f"{prefix}/{i}"]
+        for i in range(len([key for key in results if key.startswith(prefix + "/")]))
+    ]
 
 
 @pytest.fixture(scope="module")
@@ -160,7 +172,8 @@ def test_each_multi_worker_workaround_is_needed(tmp_path):
         assert "Attempt to convert a value (PerReplica" in str(results["no_workaround"])
         # keras#20585 / tensorflow#72388: reduce(..., axis=0) of scalar metrics
         assert "Invalid reduction dimension 0 for input with 0 dimensions" in str(
-            results["no_metrics_fix"])
+            results["no_metrics_fix"]
+        )
         # keras#19246: steps_per_execution > 1
         assert "You must feed a value for placeholder tensor" in str(results["no_loop_fix"])
 
@@ -173,12 +186,15 @@ def test_killed_worker_restarts_from_backup_and_ends_like_uninterrupted_run(
     backup = tmp_path / "backup"
     pause = tmp_path / "paused"
     args = ("--backup-dir", str(backup))
-    first = _Workers(tmp_path, "fault", "first", extra_args=(args, args + ("--pause-file", str(pause))))
+    first = _Workers(
+        tmp_path, "fault", "first", extra_args=(args, args + ("--pause-file", str(pause)))
+    )
     try:
         deadline = time.monotonic() + WORKER_TIMEOUT
         while not pause.exists():  # worker 1 is in epoch 2, after 2 steps
             assert time.monotonic() < deadline and first.processes[1].poll() is None, (
-                first.log_tails())
+                first.log_tails()
+            )
             time.sleep(0.2)
         # Only the chief wrote the backup, of the end of epoch 1 (next epoch: 2).
         assert sorted(os.listdir(backup)) == ["latest.weights.h5", "training_metadata.json"]
@@ -213,13 +229,26 @@ def test_each_mirrored_strategy_workaround_is_needed(tmp_path):
     a failed collective can leave a process unable to run one again."""
     env = dict(os.environ, CUDA_VISIBLE_DEVICES="", TF_CPP_MIN_LOG_LEVEL="3", PYTHONPATH=ROOT)
     env.pop("TF_CONFIG", None)
-    bugs = {"steps_per_execution": "InvalidArgumentError: Graph execution error",
-            "collective_keys": "Shape mismatch in the collective instance"}
+    bugs = {
+        "steps_per_execution": "InvalidArgumentError: Graph execution error",
+        "collective_keys": "Shape mismatch in the collective instance",
+    }
     children = {
         bug: subprocess.Popen(
-            [sys.executable, worker.__file__, "mirrored_symptom", str(tmp_path / f"{bug}.npz"),
-             "--bug", bug],
-            env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+            [
+                sys.executable,
+                worker.__file__,
+                "mirrored_symptom",
+                str(tmp_path / f"{bug}.npz"),
+                "--bug",
+                bug,
+            ],
+            env=env,
+            cwd=ROOT,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
         for bug in bugs
     }
     for bug, child in children.items():
@@ -228,7 +257,8 @@ def test_each_mirrored_strategy_workaround_is_needed(tmp_path):
         error = str(np.load(tmp_path / f"{bug}.npz")["error"])
         assert bugs[bug] in error, error[-2000:]
     assert "You must feed a value for placeholder tensor" in str(
-        np.load(tmp_path / "steps_per_execution.npz")["error"])
+        np.load(tmp_path / "steps_per_execution.npz")["error"]
+    )
 
 
 def test_several_mirrored_strategies_in_one_process(restore_compat):
@@ -255,8 +285,11 @@ def test_steps_per_execution_under_mirrored_strategy(steps_per_execution, restor
 
 
 CLIPPED = {  # optimizer, its arguments, the clipping argument
-    "LARS clipnorm": (keras_lars.LARS, {"learning_rate": 0.5, "weight_decay": 1e-3},
-                      {"clipnorm": 0.05}),
+    "LARS clipnorm": (
+        keras_lars.LARS,
+        {"learning_rate": 0.5, "weight_decay": 1e-3},
+        {"clipnorm": 0.05},
+    ),
     "LAMB global_clipnorm": (keras_lars.LAMB, {"learning_rate": 0.01}, {"global_clipnorm": 0.1}),
     "LAMB clipvalue": (keras_lars.LAMB, {"learning_rate": 0.01}, {"clipvalue": 0.01}),
 }
@@ -284,8 +317,10 @@ def test_clipping_applies_to_the_all_reduced_gradient(case, restore_compat):
         per_replica = mirrored(keras_sgd)
         assert max(np.abs(a - b).max() for a, b in zip(per_replica, single_sgd)) > 1e-4
         # ... and keras_lars's refuse to, naming the missing workaround.
-        with pytest.raises(compat.UnsupportedVersionError,
-                           match=r"clipping .* under 2 replicas needs .*clip_after_all_reduce"):
+        with pytest.raises(
+            compat.UnsupportedVersionError,
+            match=r"clipping .* under 2 replicas needs .*clip_after_all_reduce",
+        ):
             mirrored()
     for a, b in zip(mirrored(), reference):
         np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-6)
@@ -297,20 +332,26 @@ def test_compat_apply_is_explicit_idempotent_and_reversible(restore_compat):
 
     with compat.unpatched():
         assert compat.applied() == ()
-        originals = (trainer.TensorFlowTrainer._make_function,
-                     trainer.TensorFlowTrainer._maybe_symbolic_build,
-                     trainer.reduce_per_replica)
+        originals = (
+            trainer.TensorFlowTrainer._make_function,
+            trainer.TensorFlowTrainer._maybe_symbolic_build,
+            trainer.reduce_per_replica,
+        )
         clip = keras_lars.layerwise.LayerwiseOptimizer._clip_gradients
         names = compat.apply()
         assert names == tuple(w.name for w in compat.WORKAROUNDS if w.needed())
-        patched = (trainer.TensorFlowTrainer._make_function,
-                   trainer.TensorFlowTrainer._maybe_symbolic_build,
-                   trainer.reduce_per_replica)
+        patched = (
+            trainer.TensorFlowTrainer._make_function,
+            trainer.TensorFlowTrainer._maybe_symbolic_build,
+            trainer.reduce_per_replica,
+        )
         assert all(p is not o for p, o in zip(patched, originals))
         assert compat.apply() == names  # idempotent: nothing wrapped twice
-        assert (trainer.TensorFlowTrainer._make_function,
-                trainer.TensorFlowTrainer._maybe_symbolic_build,
-                trainer.reduce_per_replica) == patched
+        assert (
+            trainer.TensorFlowTrainer._make_function,
+            trainer.TensorFlowTrainer._maybe_symbolic_build,
+            trainer.reduce_per_replica,
+        ) == patched
         with compat.unpatched(["steps_per_execution_loop"]):
             assert trainer.TensorFlowTrainer._make_function is originals[0]
             assert trainer.reduce_per_replica is patched[2]
@@ -319,9 +360,11 @@ def test_compat_apply_is_explicit_idempotent_and_reversible(restore_compat):
         compat.unapply()  # one undo each brings back Keras's own code
         assert compat.applied() == ()
         assert keras_lars.layerwise.LayerwiseOptimizer._clip_gradients is clip
-        assert (trainer.TensorFlowTrainer._make_function,
-                trainer.TensorFlowTrainer._maybe_symbolic_build,
-                trainer.reduce_per_replica) == originals
+        assert (
+            trainer.TensorFlowTrainer._make_function,
+            trainer.TensorFlowTrainer._maybe_symbolic_build,
+            trainer.reduce_per_replica,
+        ) == originals
     with pytest.raises(ValueError, match="names"):
         compat.apply(["no_such_fix"])
 
@@ -331,8 +374,9 @@ def test_compat_version_gate():
         raise AssertionError("a workaround outside its versions must not be installed")
 
     def gate(**kwargs):
-        return compat.Workaround("x", "keras#0", "symptom", "crash", install, lambda: None,
-                                 **kwargs)
+        return compat.Workaround(
+            "x", "keras#0", "symptom", "crash", install, lambda: None, **kwargs
+        )
 
     major_minor = tuple(int(p) for p in keras.__version__.split(".")[:2])
     assert gate().needed()  # since 3.0, still open
@@ -347,25 +391,38 @@ def test_compat_version_gate():
 
 
 # --- the strategy factory ----------------------------------------------------
-GOOD = {"cluster": {"worker": ["localhost:1234", "localhost:1235"]},
-        "task": {"type": "worker", "index": 1}}
+GOOD = {
+    "cluster": {"worker": ["localhost:1234", "localhost:1235"]},
+    "task": {"type": "worker", "index": 1},
+}
 
 
-@pytest.mark.parametrize("text, message", [
-    (None, "TF_CONFIG is not set"),
-    ("{'cluster': 1", "TF_CONFIG is not valid JSON"),
-    ("[1, 2]", "TF_CONFIG must be a JSON object"),
-    (json.dumps({"task": GOOD["task"]}), r"TF_CONFIG\['cluster'\] must be"),
-    (json.dumps({**GOOD, "cluster": {"worker": ["localhost"]}}),
-     r"TF_CONFIG\['cluster'\]\['worker'\] must be a non-empty list of 'host:port'"),
-    (json.dumps({"cluster": GOOD["cluster"]}), r"TF_CONFIG\['task'\] must be"),
-    (json.dumps({**GOOD, "task": {"type": "chief", "index": 0}}),
-     r"TF_CONFIG\['task'\]\['type'\] = 'chief' is not a job"),
-    (json.dumps({**GOOD, "task": {"type": "worker", "index": "0"}}),
-     r"TF_CONFIG\['task'\]\['index'\] must be an integer"),
-    (json.dumps({**GOOD, "task": {"type": "worker", "index": 2}}),
-     r"TF_CONFIG\['task'\]\['index'\] = 2 is out of range for job 'worker' with 2"),
-])
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        (None, "TF_CONFIG is not set"),
+        ("{'cluster': 1", "TF_CONFIG is not valid JSON"),
+        ("[1, 2]", "TF_CONFIG must be a JSON object"),
+        (json.dumps({"task": GOOD["task"]}), r"TF_CONFIG\['cluster'\] must be"),
+        (
+            json.dumps({**GOOD, "cluster": {"worker": ["localhost"]}}),
+            r"TF_CONFIG\['cluster'\]\['worker'\] must be a non-empty list of 'host:port'",
+        ),
+        (json.dumps({"cluster": GOOD["cluster"]}), r"TF_CONFIG\['task'\] must be"),
+        (
+            json.dumps({**GOOD, "task": {"type": "chief", "index": 0}}),
+            r"TF_CONFIG\['task'\]\['type'\] = 'chief' is not a job",
+        ),
+        (
+            json.dumps({**GOOD, "task": {"type": "worker", "index": "0"}}),
+            r"TF_CONFIG\['task'\]\['index'\] must be an integer",
+        ),
+        (
+            json.dumps({**GOOD, "task": {"type": "worker", "index": 2}}),
+            r"TF_CONFIG\['task'\]\['index'\] = 2 is out of range for job 'worker' with 2",
+        ),
+    ],
+)
 def test_bad_tf_config_is_named(text, message, monkeypatch, restore_compat):
     if text is None:
         monkeypatch.delenv("TF_CONFIG", raising=False)
@@ -378,13 +435,16 @@ def test_bad_tf_config_is_named(text, message, monkeypatch, restore_compat):
     assert distribute.parse_tf_config(json.dumps(GOOD)) == GOOD
 
 
-@pytest.mark.parametrize("kwargs, name", [
-    ({"kind": "gpu"}, "kind"),
-    ({"collective_implementation": "mpi"}, "collective_implementation"),
-    ({"bytes_per_pack": -1}, "bytes_per_pack"),
-    ({"bytes_per_pack": 1.5}, "bytes_per_pack"),
-    ({"timeout_seconds": 0}, "timeout_seconds"),
-])
+@pytest.mark.parametrize(
+    "kwargs, name",
+    [
+        ({"kind": "gpu"}, "kind"),
+        ({"collective_implementation": "mpi"}, "collective_implementation"),
+        ({"bytes_per_pack": -1}, "bytes_per_pack"),
+        ({"bytes_per_pack": 1.5}, "bytes_per_pack"),
+        ({"timeout_seconds": 0}, "timeout_seconds"),
+    ],
+)
 def test_bad_strategy_arguments_are_named(kwargs, name):
     with pytest.raises(ValueError, match=name):
         distribute.make_strategy(**kwargs)
@@ -427,16 +487,23 @@ def _op_types(graph):
 @pytest.mark.parametrize("optimizer", ["LARS", "LAMB"])
 def test_train_step_compiles_with_xla_and_has_no_host_ops(optimizer):
     schedule = keras_lars.WarmupPolyDecay(
-        peak_learning_rate=0.5, warmup_steps=2, total_steps=8, end_learning_rate=0.01)
+        peak_learning_rate=0.5, warmup_steps=2, total_steps=8, end_learning_rate=0.01
+    )
     keras.utils.set_random_seed(0)
-    model = keras.Sequential([
-        keras.Input((5,)), keras.layers.Dense(8), keras.layers.BatchNormalization(),
-        keras.layers.Activation("relu"), keras.layers.Dense(3),
-    ])
+    model = keras.Sequential(
+        [
+            keras.Input((5,)),
+            keras.layers.Dense(8),
+            keras.layers.BatchNormalization(),
+            keras.layers.Activation("relu"),
+            keras.layers.Dense(3),
+        ]
+    )
     model.compile(
         optimizer=getattr(keras_lars, optimizer)(schedule, weight_decay=1e-3),
         loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
-        metrics=["accuracy"], jit_compile=True,
+        metrics=["accuracy"],
+        jit_compile=True,
     )
     x, y = worker.make_data()
     history = model.fit(x, y, batch_size=16, epochs=2, shuffle=False, verbose=0)

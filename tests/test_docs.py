@@ -9,7 +9,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 def _generator():
     spec = importlib.util.spec_from_file_location(
-        "docs_generate", os.path.join(ROOT, "docs", "generate.py"))
+        "docs_generate", os.path.join(ROOT, "docs", "generate.py")
+    )
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module

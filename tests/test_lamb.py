@@ -17,12 +17,22 @@ ATOL = 5e-6  # float32 against float64; a step is about lr in size
     list(itertools.product((0.0, 0.01), (False, True), (None, (0.0, 0.8)))),
 )
 def test_matches_numpy_reference(weight_decay, exclude_rank_one, bounds):
-    optimizer = keras_lars.LAMB(learning_rate=LR, weight_decay=weight_decay,
-                                exclude_rank_one=exclude_rank_one, trust_ratio_bounds=bounds)
+    optimizer = keras_lars.LAMB(
+        learning_rate=LR,
+        weight_decay=weight_decay,
+        exclude_rank_one=exclude_rank_one,
+        trust_ratio_bounds=bounds,
+    )
     included = [not (exclude_rank_one and low) for low in cases.rank_at_most_one()]
-    expected = reference.lamb(cases.initial_weights(), cases.gradient_steps(), [LR] * cases.STEPS,
-                              weight_decay=weight_decay, decay=included, adapt=included,
-                              bounds=bounds)
+    expected = reference.lamb(
+        cases.initial_weights(),
+        cases.gradient_steps(),
+        [LR] * cases.STEPS,
+        weight_decay=weight_decay,
+        decay=included,
+        adapt=included,
+        bounds=bounds,
+    )
     cases.assert_weights_close(cases.run(optimizer), expected, atol=ATOL)
 
 
@@ -32,22 +42,37 @@ def test_tfa_defaults_and_exclusion_fallback():
     optimizer = keras_lars.LAMB(weight_decay=0.01, exclude_from_weight_decay=["bias", "scale"])
     names = list(cases.SHAPES)
     included = [n not in ("bias", "scale") for n in names]
-    expected = reference.lamb(cases.initial_weights(), cases.gradient_steps(), [1e-3] * cases.STEPS,
-                              weight_decay=0.01, decay=included, adapt=included)
+    expected = reference.lamb(
+        cases.initial_weights(),
+        cases.gradient_steps(),
+        [1e-3] * cases.STEPS,
+        weight_decay=0.01,
+        decay=included,
+        adapt=included,
+    )
     cases.assert_weights_close(cases.run(optimizer), expected, atol=ATOL)
     config = optimizer.get_config()
     assert (config["beta_1"], config["beta_2"], config["epsilon"]) == (0.9, 0.999, 1e-6)
 
 
 def test_separate_layer_adaptation_list():
-    optimizer = keras_lars.LAMB(learning_rate=LR, weight_decay=0.01,
-                                exclude_from_weight_decay=["kernel"],
-                                exclude_from_layer_adaptation=["^conv"])
+    optimizer = keras_lars.LAMB(
+        learning_rate=LR,
+        weight_decay=0.01,
+        exclude_from_weight_decay=["kernel"],
+        exclude_from_layer_adaptation=["^conv"],
+    )
     names = list(cases.SHAPES)
     decay = ["kernel" not in n for n in names]
     adapt = [n != "conv_kernel" for n in names]
-    expected = reference.lamb(cases.initial_weights(), cases.gradient_steps(), [LR] * cases.STEPS,
-                              weight_decay=0.01, decay=decay, adapt=adapt)
+    expected = reference.lamb(
+        cases.initial_weights(),
+        cases.gradient_steps(),
+        [LR] * cases.STEPS,
+        weight_decay=0.01,
+        decay=decay,
+        adapt=adapt,
+    )
     cases.assert_weights_close(cases.run(optimizer), expected, atol=ATOL)
 
 
@@ -71,16 +96,25 @@ def test_first_step_by_hand():
     variable = keras.Variable(np.array([3.0, 4.0], "float32"), name="w")
     optimizer = keras_lars.LAMB(learning_rate=0.1, weight_decay=0.5, epsilon=1e-12)
     optimizer.apply([keras.ops.convert_to_tensor(np.array([0.2, 0.3], "float32"))], [variable])
-    ratio = 5.0 / np.sqrt(2.5 ** 2 + 3.0 ** 2)
+    ratio = 5.0 / np.sqrt(2.5**2 + 3.0**2)
     expected = np.array([3.0, 4.0]) - 0.1 * ratio * np.array([2.5, 3.0])
     np.testing.assert_allclose(keras.ops.convert_to_numpy(variable), expected, rtol=1e-6)
 
 
-@pytest.mark.parametrize("argument, value", [
-    ("learning_rate", -0.1), ("beta_1", 1.0), ("beta_2", -0.5), ("epsilon", 0.0),
-    ("weight_decay", -1.0), ("trust_ratio_bounds", (2.0, 1.0)), ("trust_ratio_bounds", 3.0),
-    ("exclude_from_weight_decay", ["[a"]), ("exclude_from_layer_adaptation", 5),
-])
+@pytest.mark.parametrize(
+    "argument, value",
+    [
+        ("learning_rate", -0.1),
+        ("beta_1", 1.0),
+        ("beta_2", -0.5),
+        ("epsilon", 0.0),
+        ("weight_decay", -1.0),
+        ("trust_ratio_bounds", (2.0, 1.0)),
+        ("trust_ratio_bounds", 3.0),
+        ("exclude_from_weight_decay", ["[a"]),
+        ("exclude_from_layer_adaptation", 5),
+    ],
+)
 def test_invalid_hyperparameters_name_the_argument(argument, value):
     with pytest.raises(ValueError, match=argument.replace("(", r"\(").split("[")[0]):
         keras_lars.LAMB(**{argument: value})

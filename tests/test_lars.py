@@ -12,11 +12,22 @@ LR = 2.0
 ETA = 0.01
 
 OPTIONS = [
-    dict(momentum=momentum, nesterov=nesterov, classic_momentum=classic,
-         trust_denominator=denominator, clip_trust_ratio=clip, weight_decay=wd)
+    dict(
+        momentum=momentum,
+        nesterov=nesterov,
+        classic_momentum=classic,
+        trust_denominator=denominator,
+        clip_trust_ratio=clip,
+        weight_decay=wd,
+    )
     for momentum, nesterov, classic, denominator, clip, wd in itertools.product(
-        (0.0, 0.9), (False, True), (True, False), ("sum_of_norms", "norm_of_sum"),
-        (False, True), (0.0, 0.01))
+        (0.0, 0.9),
+        (False, True),
+        (True, False),
+        ("sum_of_norms", "norm_of_sum"),
+        (False, True),
+        (0.0, 0.01),
+    )
     if not (nesterov and momentum == 0.0)
 ]
 
@@ -24,15 +35,25 @@ OPTIONS = [
 def _reference(options, learning_rates=None, decay=None, adapt=None, epsilon=0.0):
     excluded = cases.rank_at_most_one()
     return reference.lars(
-        cases.initial_weights(), cases.gradient_steps(),
+        cases.initial_weights(),
+        cases.gradient_steps(),
         learning_rates or [LR] * cases.STEPS,
-        momentum=options["momentum"], weight_decay=options["weight_decay"], eta=ETA,
-        epsilon=epsilon, nesterov=options["nesterov"], classic=options["classic_momentum"],
-        denominator=options["trust_denominator"], clip=options["clip_trust_ratio"],
-        decay=decay or [not e for e in excluded], adapt=adapt or [not e for e in excluded])
+        momentum=options["momentum"],
+        weight_decay=options["weight_decay"],
+        eta=ETA,
+        epsilon=epsilon,
+        nesterov=options["nesterov"],
+        classic=options["classic_momentum"],
+        denominator=options["trust_denominator"],
+        clip=options["clip_trust_ratio"],
+        decay=decay or [not e for e in excluded],
+        adapt=adapt or [not e for e in excluded],
+    )
 
 
-@pytest.mark.parametrize("options", OPTIONS, ids=lambda o: "-".join(f"{k}={v}" for k, v in o.items()))
+@pytest.mark.parametrize(
+    "options", OPTIONS, ids=lambda o: "-".join(f"{k}={v}" for k, v in o.items())
+)
 def test_matches_numpy_reference_for_every_option(options):
     optimizer = keras_lars.LARS(learning_rate=LR, trust_coefficient=ETA, **options)
     cases.assert_weights_close(cases.run(optimizer), _reference(options))
@@ -57,8 +78,14 @@ def test_epsilon_enters_the_denominator():
 
 def test_learning_rate_schedule_is_followed_every_step():
     schedule = keras.optimizers.schedules.ExponentialDecay(LR, decay_steps=3, decay_rate=0.5)
-    options = dict(momentum=0.9, nesterov=False, classic_momentum=True,
-                   trust_denominator="sum_of_norms", clip_trust_ratio=False, weight_decay=0.01)
+    options = dict(
+        momentum=0.9,
+        nesterov=False,
+        classic_momentum=True,
+        trust_denominator="sum_of_norms",
+        clip_trust_ratio=False,
+        weight_decay=0.01,
+    )
     optimizer = keras_lars.LARS(learning_rate=schedule, trust_coefficient=ETA, **options)
     rates = [LR * 0.5 ** (t / 3) for t in range(cases.STEPS)]
     cases.assert_weights_close(cases.run(optimizer), _reference(options, learning_rates=rates))
@@ -76,12 +103,20 @@ def test_zero_gradient_still_decays_at_the_global_rate():
     variable = keras.Variable(np.full((2, 2), 2.0, "float32"), name="w")
     optimizer = keras_lars.LARS(learning_rate=0.5, momentum=0.0, weight_decay=0.1)
     optimizer.apply([keras.ops.zeros((2, 2))], [variable])
-    np.testing.assert_allclose(keras.ops.convert_to_numpy(variable), np.full((2, 2), 1.9), rtol=1e-6)
+    np.testing.assert_allclose(
+        keras.ops.convert_to_numpy(variable), np.full((2, 2), 1.9), rtol=1e-6
+    )
 
 
 def test_rank_one_variables_take_plain_momentum_without_decay():
-    options = dict(momentum=0.9, nesterov=False, classic_momentum=True,
-                   trust_denominator="sum_of_norms", clip_trust_ratio=False, weight_decay=0.01)
+    options = dict(
+        momentum=0.9,
+        nesterov=False,
+        classic_momentum=True,
+        trust_denominator="sum_of_norms",
+        clip_trust_ratio=False,
+        weight_decay=0.01,
+    )
     final = cases.run(keras_lars.LARS(learning_rate=LR, trust_coefficient=ETA, **options))
     # The bias's trajectory is plain heavy-ball momentum on its gradients.
     bias = cases.initial_weights()[1].astype(np.float64)
@@ -93,20 +128,40 @@ def test_rank_one_variables_take_plain_momentum_without_decay():
 
 
 def test_rank_default_can_be_turned_off():
-    options = dict(momentum=0.9, nesterov=False, classic_momentum=True,
-                   trust_denominator="sum_of_norms", clip_trust_ratio=False, weight_decay=0.01)
-    optimizer = keras_lars.LARS(learning_rate=LR, trust_coefficient=ETA, exclude_rank_one=False, **options)
+    options = dict(
+        momentum=0.9,
+        nesterov=False,
+        classic_momentum=True,
+        trust_denominator="sum_of_norms",
+        clip_trust_ratio=False,
+        weight_decay=0.01,
+    )
+    optimizer = keras_lars.LARS(
+        learning_rate=LR, trust_coefficient=ETA, exclude_rank_one=False, **options
+    )
     everything = [True] * len(cases.SHAPES)
-    cases.assert_weights_close(cases.run(optimizer), _reference(options, decay=everything, adapt=everything))
+    cases.assert_weights_close(
+        cases.run(optimizer), _reference(options, decay=everything, adapt=everything)
+    )
 
 
 def test_regex_exclusions_are_independent():
-    options = dict(momentum=0.9, nesterov=True, classic_momentum=False,
-                   trust_denominator="norm_of_sum", clip_trust_ratio=False, weight_decay=0.01)
+    options = dict(
+        momentum=0.9,
+        nesterov=True,
+        classic_momentum=False,
+        trust_denominator="norm_of_sum",
+        clip_trust_ratio=False,
+        weight_decay=0.01,
+    )
     optimizer = keras_lars.LARS(
-        learning_rate=LR, trust_coefficient=ETA, exclude_rank_one=False,
-        exclude_from_weight_decay=["^conv", "scale"], exclude_from_layer_adaptation=["bias$"],
-        **options)
+        learning_rate=LR,
+        trust_coefficient=ETA,
+        exclude_rank_one=False,
+        exclude_from_weight_decay=["^conv", "scale"],
+        exclude_from_layer_adaptation=["bias$"],
+        **options,
+    )
     names = list(cases.SHAPES)
     decay = [n not in ("conv_kernel", "scale") for n in names]
     adapt = [n != "bias" for n in names]
@@ -124,25 +179,45 @@ def _model():
 
 def _flags(optimizer, model):
     optimizer.build(model.trainable_variables)
-    return {v.path: (optimizer.uses_weight_decay(v), optimizer.uses_layer_adaptation(v))
-            for v in model.trainable_variables}
+    return {
+        v.path: (optimizer.uses_weight_decay(v), optimizer.uses_layer_adaptation(v))
+        for v in model.trainable_variables
+    }
 
 
 def test_exclusions_by_variable_path():
     model = _model()
     default = _flags(keras_lars.LARS(weight_decay=1e-4), model)
     assert default == {
-        "conv/kernel": (True, True), "bn/gamma": (False, False), "bn/beta": (False, False),
-        "head/kernel": (True, True), "head/bias": (False, False)}
-    custom = _flags(keras_lars.LARS(weight_decay=1e-4, exclude_rank_one=False,
-                                    exclude_from_weight_decay=["bn/", "bias"],
-                                    exclude_from_layer_adaptation=["^head/"]), model)
+        "conv/kernel": (True, True),
+        "bn/gamma": (False, False),
+        "bn/beta": (False, False),
+        "head/kernel": (True, True),
+        "head/bias": (False, False),
+    }
+    custom = _flags(
+        keras_lars.LARS(
+            weight_decay=1e-4,
+            exclude_rank_one=False,
+            exclude_from_weight_decay=["bn/", "bias"],
+            exclude_from_layer_adaptation=["^head/"],
+        ),
+        model,
+    )
     assert custom == {
-        "conv/kernel": (True, True), "bn/gamma": (False, True), "bn/beta": (False, True),
-        "head/kernel": (True, False), "head/bias": (False, False)}
+        "conv/kernel": (True, True),
+        "bn/gamma": (False, True),
+        "bn/beta": (False, True),
+        "head/kernel": (True, False),
+        "head/bias": (False, False),
+    }
     # The adaptation list falls back to the weight-decay list when not given.
-    fallback = _flags(keras_lars.LARS(weight_decay=1e-4, exclude_rank_one=False,
-                                      exclude_from_weight_decay="head"), model)
+    fallback = _flags(
+        keras_lars.LARS(
+            weight_decay=1e-4, exclude_rank_one=False, exclude_from_weight_decay="head"
+        ),
+        model,
+    )
     assert fallback["head/kernel"] == (False, False) and fallback["conv/kernel"] == (True, True)
     # No decay anywhere when weight_decay is 0.
     assert not any(d for d, _ in _flags(keras_lars.LARS(), model).values())
@@ -160,15 +235,16 @@ def test_weight_decay_is_not_applied_twice_by_the_keras_base_class():
     optimizer = keras_lars.LARS(learning_rate=0.5, momentum=0.0, weight_decay=0.1)
     optimizer.apply([keras.ops.zeros((2, 2))], [variable])
     optimizer.apply([keras.ops.zeros((2, 2))], [variable])
-    np.testing.assert_allclose(keras.ops.convert_to_numpy(variable), 2.0 * 0.95 ** 2, rtol=1e-6)
+    np.testing.assert_allclose(keras.ops.convert_to_numpy(variable), 2.0 * 0.95**2, rtol=1e-6)
 
 
 def test_trust_ratio_statistics_are_recorded():
     w = np.array([[3.0, 4.0]], "float32")
     g = np.array([[0.6, 0.8]], "float32")
     variable = keras.Variable(w, name="w")
-    optimizer = keras_lars.LARS(learning_rate=3.0, weight_decay=0.1, trust_coefficient=0.01,
-                                record_trust_ratios=True)
+    optimizer = keras_lars.LARS(
+        learning_rate=3.0, weight_decay=0.1, trust_coefficient=0.01, record_trust_ratios=True
+    )
     optimizer.apply([keras.ops.convert_to_tensor(g)], [variable])
     ((path, stats),) = optimizer.trust_ratio_stats().items()
     assert path == "w"
@@ -177,13 +253,26 @@ def test_trust_ratio_statistics_are_recorded():
         keras_lars.LARS().trust_ratio_stats()
 
 
-@pytest.mark.parametrize("argument, value", [
-    ("learning_rate", -1.0), ("momentum", 1.0), ("momentum", -0.1), ("weight_decay", -1e-4),
-    ("trust_coefficient", 0.0), ("trust_coefficient", -0.001), ("epsilon", -1.0),
-    ("trust_denominator", "l2"), ("nesterov", "yes"), ("exclude_rank_one", 1),
-    ("exclude_from_weight_decay", ["("]), ("exclude_from_layer_adaptation", [3]),
-    ("exclude_from_weight_decay", [""]), ("momentum", float("nan")), ("weight_decay", "0.1"),
-])
+@pytest.mark.parametrize(
+    "argument, value",
+    [
+        ("learning_rate", -1.0),
+        ("momentum", 1.0),
+        ("momentum", -0.1),
+        ("weight_decay", -1e-4),
+        ("trust_coefficient", 0.0),
+        ("trust_coefficient", -0.001),
+        ("epsilon", -1.0),
+        ("trust_denominator", "l2"),
+        ("nesterov", "yes"),
+        ("exclude_rank_one", 1),
+        ("exclude_from_weight_decay", ["("]),
+        ("exclude_from_layer_adaptation", [3]),
+        ("exclude_from_weight_decay", [""]),
+        ("momentum", float("nan")),
+        ("weight_decay", "0.1"),
+    ],
+)
 def test_invalid_hyperparameters_name_the_argument(argument, value):
     with pytest.raises(ValueError, match=argument):
         keras_lars.LARS(**{argument: value})

@@ -86,9 +86,7 @@ def test_alexnet_bn_parameter_count_by_hand(full_size):
     model = full_size("alexnet_bn")
     assert trainable_count(model) == expected == 62_379_720
     for i, (k, cin, cout) in enumerate(convs, start=1):
-        assert [tuple(w.shape) for w in model.get_layer(f"conv{i}").weights] == [
-            (k, k, cin, cout)
-        ]
+        assert [tuple(w.shape) for w in model.get_layer(f"conv{i}").weights] == [(k, k, cin, cout)]
         assert tuple(model.get_layer(f"bn{i}").gamma.shape) == (cout,)
     for i, (fan_in, units) in enumerate(fcs, start=6):
         assert tuple(model.get_layer(f"fc{i}").kernel.shape) == (fan_in, units)
@@ -99,8 +97,12 @@ def test_alexnet_bn_parameter_count_by_hand(full_size):
 def test_resnet50_forward_at_224(full_size):
     model = full_size("resnet50")
     sizes = {
-        "conv1": 112, "pool1": 56, "stage1_block3_out": 56,
-        "stage2_block4_out": 28, "stage3_block6_out": 14, "stage4_block3_out": 7,
+        "conv1": 112,
+        "pool1": 56,
+        "stage1_block3_out": 56,
+        "stage2_block4_out": 28,
+        "stage3_block6_out": 14,
+        "stage4_block3_out": 7,
     }
     for layer, size in sizes.items():
         assert model.get_layer(layer).output.shape[1:3] == (size, size)
@@ -120,8 +122,14 @@ def test_alexnet_feature_maps_at_224(builder, full_size):
 
 @pytest.mark.parametrize(
     "builder, size",
-    [("resnet18", 32), ("resnet50", 32), ("resnet18", 8),
-     ("alexnet", 32), ("alexnet_bn", 32), ("alexnet_bn", 64)],
+    [
+        ("resnet18", 32),
+        ("resnet50", 32),
+        ("resnet18", 8),
+        ("alexnet", 32),
+        ("alexnet_bn", 32),
+        ("alexnet_bn", 64),
+    ],
 )
 def test_small_inputs(builder, size):
     model = getattr(models, builder)(num_classes=10, input_shape=(size, size, 3))
@@ -150,17 +158,21 @@ def test_lars_default_exclusions_follow_variable_rank(builder, small):
 def test_no_layer_regularizers(small):
     for model in map(small, ("resnet18", "resnet50", "alexnet", "alexnet_bn")):
         for layer in model.layers:
-            for attribute in ("kernel_regularizer", "bias_regularizer",
-                              "gamma_regularizer", "beta_regularizer",
-                              "activity_regularizer"):
+            for attribute in (
+                "kernel_regularizer",
+                "bias_regularizer",
+                "gamma_regularizer",
+                "beta_regularizer",
+                "activity_regularizer",
+            ):
                 assert getattr(layer, attribute, None) is None, (layer.name, attribute)
         assert model.losses == []
 
 
 def test_resnet_layers_follow_the_reference():
     model = models.resnet50(input_shape=SMALL)
-    convs = [l for l in model.layers if isinstance(l, keras.layers.Conv2D)]
-    norms = [l for l in model.layers if isinstance(l, keras.layers.BatchNormalization)]
+    convs = [layer for layer in model.layers if isinstance(layer, keras.layers.Conv2D)]
+    norms = [layer for layer in model.layers if isinstance(layer, keras.layers.BatchNormalization)]
     assert len(convs) == len(norms) == 1 + 3 * 16 + 4  # stem, blocks, shortcuts
     assert not any(conv.use_bias for conv in convs)
     for norm in norms:
@@ -180,13 +192,10 @@ def test_lars_steps_lower_the_loss():
         keras.utils.set_random_seed(0)
         model = builder(num_classes=10, input_shape=SMALL)
         model.compile(
-            optimizer=keras_lars.LARS(
-                learning_rate=2.0, momentum=0.9, weight_decay=1e-4
-            ),
+            optimizer=keras_lars.LARS(learning_rate=2.0, momentum=0.9, weight_decay=1e-4),
             loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
         )
-        losses = model.fit(x, y, batch_size=64, epochs=5, shuffle=False,
-                           verbose=0).history["loss"]
+        losses = model.fit(x, y, batch_size=64, epochs=5, shuffle=False, verbose=0).history["loss"]
         # The first loss is the untrained model's: about ln(10).
         assert losses[0] == pytest.approx(np.log(10.0), abs=0.6), builder.__name__
         assert losses[-1] < 0.5 * losses[0], (builder.__name__, losses)
@@ -241,11 +250,15 @@ def test_zero_init_residual_gamma(depth):
         for b in range(1, count + 1)
     }
     for zero in (True, False) if depth == 18 else (True,):
-        model = models.resnet(depth, num_classes=10, input_shape=SMALL,
-                              zero_init_residual_gamma=zero, name=f"net{zero}")
+        model = models.resnet(
+            depth,
+            num_classes=10,
+            input_shape=SMALL,
+            zero_init_residual_gamma=zero,
+            name=f"net{zero}",
+        )
         assert model.name == f"net{zero}"
-        gammas = {v.path: np.asarray(v) for v in model.weights
-                  if v.path.endswith("/gamma")}
+        gammas = {v.path: np.asarray(v) for v in model.weights if v.path.endswith("/gamma")}
         zeroed = {path for path, g in gammas.items() if np.all(g == 0)}
         ones = {path for path, g in gammas.items() if np.all(g == 1)}
         assert zeroed == (expected if zero else set())
@@ -258,8 +271,11 @@ def test_zero_init_residual_gamma(depth):
 
 def test_v1_and_v1_5_differ_only_in_stride_position(small):
     def strides(model):
-        return {l.name: l.strides for l in model.layers
-                if isinstance(l, keras.layers.Conv2D)}
+        return {
+            layer.name: layer.strides
+            for layer in model.layers
+            if isinstance(layer, keras.layers.Conv2D)
+        }
 
     v15 = strides(small("resnet50"))
     v1 = strides(models.resnet50(num_classes=10, input_shape=SMALL, version="v1"))
@@ -281,9 +297,8 @@ def test_v1_and_v1_5_differ_only_in_stride_position(small):
 
 @pytest.mark.parametrize("builder", ["resnet18", "alexnet_bn"])
 def test_sync_batch_norm(builder):
-    model = getattr(models, builder)(num_classes=10, input_shape=SMALL,
-                                     sync_batch_norm=True)
-    norms = [l for l in model.layers if isinstance(l, keras.layers.BatchNormalization)]
+    model = getattr(models, builder)(num_classes=10, input_shape=SMALL, sync_batch_norm=True)
+    norms = [layer for layer in model.layers if isinstance(layer, keras.layers.BatchNormalization)]
     assert norms and all(norm.synchronized for norm in norms)
     x = np.random.default_rng(5).normal(size=(2,) + SMALL).astype("float32")
     assert np.all(np.isfinite(np.asarray(model(x, training=True))))
@@ -303,8 +318,7 @@ def test_sync_batch_norm(builder):
         (lambda: models.resnet50(input_shape=(32, 32)), "input_shape"),
         (lambda: models.resnet50(input_shape=(0, 32, 3)), "input_shape"),
         (lambda: models.alexnet(input_shape=(6, 6, 3)), "input_shape"),
-        (lambda: models.resnet50(zero_init_residual_gamma=1),
-         "zero_init_residual_gamma"),
+        (lambda: models.resnet50(zero_init_residual_gamma=1), "zero_init_residual_gamma"),
         (lambda: models.resnet50(float32_logits="yes"), "float32_logits"),
         (lambda: models.alexnet_bn(sync_batch_norm=None), "sync_batch_norm"),
         (lambda: models.resnet50(name=""), "name"),

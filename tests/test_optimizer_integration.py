@@ -17,8 +17,9 @@ from tests.conftest import requires_jax
 
 OPTIMIZERS = {
     "lars": lambda: keras_lars.LARS(learning_rate=0.5, weight_decay=1e-3, nesterov=True),
-    "lamb": lambda: keras_lars.LAMB(learning_rate=0.01, weight_decay=1e-2,
-                                    exclude_from_weight_decay=["bias"]),
+    "lamb": lambda: keras_lars.LAMB(
+        learning_rate=0.01, weight_decay=1e-2, exclude_from_weight_decay=["bias"]
+    ),
 }
 
 
@@ -31,22 +32,33 @@ def _data(n=64, seed=0):
 
 def _model(optimizer, seed=0, synchronized=False, **compile_kwargs):
     keras.utils.set_random_seed(seed)
-    model = keras.Sequential([
-        keras.Input((6,)),
-        keras.layers.Dense(16, activation="relu"),
-        keras.layers.BatchNormalization(synchronized=synchronized),
-        keras.layers.Dense(2),
-    ])
-    model.compile(optimizer=optimizer,
-                  loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
-                  **compile_kwargs)
+    model = keras.Sequential(
+        [
+            keras.Input((6,)),
+            keras.layers.Dense(16, activation="relu"),
+            keras.layers.BatchNormalization(synchronized=synchronized),
+            keras.layers.Dense(2),
+        ]
+    )
+    model.compile(
+        optimizer=optimizer,
+        loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+        **compile_kwargs,
+    )
     return model
 
 
 def _fit(model, epochs, batch_size=16, initial_epoch=0):
     x, y = _data()
-    model.fit(x, y, batch_size=batch_size, epochs=epochs, initial_epoch=initial_epoch,
-              shuffle=False, verbose=0)
+    model.fit(
+        x,
+        y,
+        batch_size=batch_size,
+        epochs=epochs,
+        initial_epoch=initial_epoch,
+        shuffle=False,
+        verbose=0,
+    )
     return [np.array(w) for w in model.get_weights()]
 
 
@@ -134,12 +146,14 @@ def test_mixed_precision_trains_without_nan(kind, policy, restore_policy):
 def test_float16_norms_do_not_overflow():
     # sum of squares of 70000 entries of 1.0 is 7e4 > float16's max (65504).
     variable = keras.Variable(np.ones((70000,), "float16"), name="w")
-    optimizer = keras_lars.LARS(learning_rate=1.0, momentum=0.0, exclude_rank_one=False,
-                                trust_coefficient=0.01)
+    optimizer = keras_lars.LARS(
+        learning_rate=1.0, momentum=0.0, exclude_rank_one=False, trust_coefficient=0.01
+    )
     optimizer.apply([keras.ops.ones((70000,), dtype="float16")], [variable])
     # ratio = 0.01 * ||w|| / ||g|| = 0.01 exactly: w = 1 - 0.01.
-    np.testing.assert_allclose(keras.ops.convert_to_numpy(variable).astype("float32"), 0.99,
-                               rtol=1e-3)
+    np.testing.assert_allclose(
+        keras.ops.convert_to_numpy(variable).astype("float32"), 0.99, rtol=1e-3
+    )
 
 
 JAX_SCRIPT = """
@@ -164,17 +178,29 @@ json.dump(results, sys.stdout)
 def test_jax_backend_matches_numpy_reference():
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     env = dict(os.environ, KERAS_BACKEND="jax", JAX_PLATFORMS="cpu")
-    completed = subprocess.run([sys.executable, "-c", JAX_SCRIPT.format(root=root)],
-                               env=env, capture_output=True, text=True, timeout=300)
+    completed = subprocess.run(
+        [sys.executable, "-c", JAX_SCRIPT.format(root=root)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert completed.returncode == 0, completed.stderr[-3000:]
     results = json.loads(completed.stdout)
     excluded = cases.rank_at_most_one()
     lars_expected = reference.lars(
-        cases.initial_weights(), cases.gradient_steps(), [2.0] * cases.STEPS, eta=0.01,
-        weight_decay=0.01, nesterov=True, decay=[not e for e in excluded],
-        adapt=[not e for e in excluded])
-    lamb_expected = reference.lamb(cases.initial_weights(), cases.gradient_steps(),
-                                   [0.05] * cases.STEPS, weight_decay=0.01)
+        cases.initial_weights(),
+        cases.gradient_steps(),
+        [2.0] * cases.STEPS,
+        eta=0.01,
+        weight_decay=0.01,
+        nesterov=True,
+        decay=[not e for e in excluded],
+        adapt=[not e for e in excluded],
+    )
+    lamb_expected = reference.lamb(
+        cases.initial_weights(), cases.gradient_steps(), [0.05] * cases.STEPS, weight_decay=0.01
+    )
     cases.assert_weights_close([np.array(w) for w in results["lars"]], lars_expected)
     cases.assert_weights_close([np.array(w) for w in results["lamb"]], lamb_expected)
 
@@ -192,23 +218,36 @@ def test_slot_fallback_creates_what_keras_creates():
     variables = [kernel, bias, scale]
 
     def describe(slots):
-        return [[None if v is None else (v.name, tuple(v.shape), v.dtype) for v in s]
-                for s in slots]
+        return [
+            [None if v is None else (v.name, tuple(v.shape), v.dtype) for v in s] for s in slots
+        ]
 
     fallback_optimizer = keras.optimizers.SGD()
     fallback = _add_slots_before_3_10(fallback_optimizer, variables, ["m", "v"])
     assert describe(fallback) == [
-        [(f"{kernel.path}_m".replace("/", "_"), (3, 2), "float32"),
-         (f"{bias.path}_m".replace("/", "_"), (2,), "float32"), None],
-        [(f"{kernel.path}_v".replace("/", "_"), (3, 2), "float32"),
-         (f"{bias.path}_v".replace("/", "_"), (2,), "float32"), None],
+        [
+            (f"{kernel.path}_m".replace("/", "_"), (3, 2), "float32"),
+            (f"{bias.path}_m".replace("/", "_"), (2,), "float32"),
+            None,
+        ],
+        [
+            (f"{kernel.path}_v".replace("/", "_"), (3, 2), "float32"),
+            (f"{bias.path}_v".replace("/", "_"), (2,), "float32"),
+            None,
+        ],
     ]
     created = [v.name for v in fallback_optimizer.variables if v.name.endswith(("_m", "_v"))]
-    assert created == [fallback[0][0].name, fallback[1][0].name,
-                       fallback[0][1].name, fallback[1][1].name]  # interleaved
+    assert created == [
+        fallback[0][0].name,
+        fallback[1][0].name,
+        fallback[0][1].name,
+        fallback[1][1].name,
+    ]  # interleaved
     if hasattr(keras.optimizers.Optimizer, "add_optimizer_variables"):  # Keras 3.10+
         keras_optimizer = keras.optimizers.SGD()
         assert describe(keras_optimizer.add_optimizer_variables(variables, ["m", "v"])) == (
-            describe(fallback))
+            describe(fallback)
+        )
         assert [v.name for v in keras_optimizer.variables] == [
-            v.name for v in fallback_optimizer.variables]
+            v.name for v in fallback_optimizer.variables
+        ]

@@ -37,36 +37,38 @@ def test_closed_form_values():
 
 
 def test_start_rate_power_and_degenerate_warmups():
-    linear = WarmupPolyDecay(1.0, 2, 10, power=1.0, end_learning_rate=0.2,
-                             start_learning_rate=0.4)
+    linear = WarmupPolyDecay(1.0, 2, 10, power=1.0, end_learning_rate=0.2, start_learning_rate=0.4)
     np.testing.assert_allclose(
-        _rates(linear, [0, 1, 2, 6, 10]),
-        [0.4 + 0.6 / 2, 1.0, 1.0, 0.2 + 0.8 * 0.5, 0.2], rtol=1e-6)
+        _rates(linear, [0, 1, 2, 6, 10]), [0.4 + 0.6 / 2, 1.0, 1.0, 0.2 + 0.8 * 0.5, 0.2], rtol=1e-6
+    )
     no_warmup = WarmupPolyDecay(3.0, 0, 4, end_learning_rate=0.0)
     np.testing.assert_allclose(
-        _rates(no_warmup, [0, 1, 3, 4]), [3.0, 3.0 * 0.75**2, 3.0 * 0.25**2, 0.0],
-        rtol=1e-6)
+        _rates(no_warmup, [0, 1, 3, 4]), [3.0, 3.0 * 0.75**2, 3.0 * 0.25**2, 0.0], rtol=1e-6
+    )
     all_warmup = WarmupPolyDecay(3.0, 3, 3, end_learning_rate=0.5)
-    np.testing.assert_allclose(
-        _rates(all_warmup, [0, 2, 3, 9]), [1.0, 3.0, 0.5, 0.5], rtol=1e-6)
+    np.testing.assert_allclose(_rates(all_warmup, [0, 2, 3, 9]), [1.0, 3.0, 0.5, 0.5], rtol=1e-6)
 
 
 def test_compiled_with_xla_matches_eager():
     schedule = WarmupPolyDecay(PEAK, 4, 20)
     steps = tf.constant([0, 2, 3, 4, 9, 19, 20, 55], tf.int64)
-    compiled = tf.function(lambda s: tf.map_fn(schedule, s, fn_output_signature=tf.float32),
-                           jit_compile=True)
-    np.testing.assert_allclose(compiled(steps).numpy(),
-                               _rates(schedule, steps.numpy().tolist()), rtol=1e-6)
+    compiled = tf.function(
+        lambda s: tf.map_fn(schedule, s, fn_output_signature=tf.float32), jit_compile=True
+    )
+    np.testing.assert_allclose(
+        compiled(steps).numpy(), _rates(schedule, steps.numpy().tolist()), rtol=1e-6
+    )
 
 
 def test_config_round_trip_and_registration():
-    schedule = WarmupPolyDecay(7.5, 10, 100, power=1.5, end_learning_rate=0.01,
-                               start_learning_rate=0.1, name="curve")
+    schedule = WarmupPolyDecay(
+        7.5, 10, 100, power=1.5, end_learning_rate=0.01, start_learning_rate=0.1, name="curve"
+    )
     config = schedule.get_config()
     assert WarmupPolyDecay.from_config(config).get_config() == config
     restored = keras.optimizers.schedules.deserialize(
-        keras.optimizers.schedules.serialize(schedule))
+        keras.optimizers.schedules.serialize(schedule)
+    )
     assert isinstance(restored, WarmupPolyDecay) and restored.get_config() == config
     assert keras.saving.get_registered_name(WarmupPolyDecay) == "keras_lars>WarmupPolyDecay"
 
@@ -80,14 +82,17 @@ def _data(n=48, seed=0):
 
 def _model(learning_rate, steps_per_execution=1, seed=0):
     keras.utils.set_random_seed(seed)
-    model = keras.Sequential([
-        keras.Input((6,)),
-        keras.layers.Dense(8, activation="relu"),
-        keras.layers.Dense(2),
-    ])
+    model = keras.Sequential(
+        [
+            keras.Input((6,)),
+            keras.layers.Dense(8, activation="relu"),
+            keras.layers.Dense(2),
+        ]
+    )
     model.compile(
-        optimizer=keras_lars.LARS(learning_rate=learning_rate, weight_decay=1e-3,
-                                  trust_coefficient=0.02),
+        optimizer=keras_lars.LARS(
+            learning_rate=learning_rate, weight_decay=1e-3, trust_coefficient=0.02
+        ),
         loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
         steps_per_execution=steps_per_execution,
     )
@@ -107,15 +112,16 @@ def test_keras_file_round_trip(tmp_path):
     path = str(tmp_path / "model.keras")
     model.save(path)
     loaded = keras.saving.load_model(path)
-    assert loaded.optimizer.get_config()["learning_rate"] == model.optimizer.get_config()[
-        "learning_rate"]
+    assert (
+        loaded.optimizer.get_config()["learning_rate"]
+        == model.optimizer.get_config()["learning_rate"]
+    )
     assert isinstance(loaded.optimizer._learning_rate, WarmupPolyDecay)
     assert int(loaded.optimizer.iterations) == 6
     expected = 0.01 + (PEAK - 0.01) * (1 - 2 / 12) ** 2  # rate of step 6
     np.testing.assert_allclose(float(loaded.optimizer.learning_rate), expected, rtol=1e-6)
     x, _ = _data()
-    np.testing.assert_allclose(loaded.predict(x, verbose=0), model.predict(x, verbose=0),
-                               rtol=1e-6)
+    np.testing.assert_allclose(loaded.predict(x, verbose=0), model.predict(x, verbose=0), rtol=1e-6)
 
 
 def test_steps_per_execution_gives_the_same_weights():
@@ -197,20 +203,33 @@ def test_helpers_bad_input(call, culprit):
 )
 def test_resnet50_recipe_table(batch, peak, warmup, epochs, momentum, weight_decay):
     recipe = keras_lars.resnet50_lars_recipe(batch)
-    assert (recipe.global_batch_size, recipe.peak_learning_rate, recipe.warmup_epochs,
-            recipe.train_epochs, recipe.momentum, recipe.weight_decay) == (
-        batch, peak, warmup, epochs, momentum, weight_decay)
-    assert (recipe.end_learning_rate, recipe.power, recipe.label_smoothing,
-            recipe.epsilon) == (1e-4, 2.0, 0.1, 0.0)
+    assert (
+        recipe.global_batch_size,
+        recipe.peak_learning_rate,
+        recipe.warmup_epochs,
+        recipe.train_epochs,
+        recipe.momentum,
+        recipe.weight_decay,
+    ) == (batch, peak, warmup, epochs, momentum, weight_decay)
+    assert (recipe.end_learning_rate, recipe.power, recipe.label_smoothing, recipe.epsilon) == (
+        1e-4,
+        2.0,
+        0.1,
+        0.0,
+    )
 
 
 def test_recipe_schedule_and_config():
     recipe = keras_lars.resnet50_lars_recipe(32768)
     per_epoch = 1281167 // 32768  # 39
     config = recipe.learning_rate_schedule().get_config()
-    assert (config["peak_learning_rate"], config["warmup_steps"], config["total_steps"],
-            config["power"], config["end_learning_rate"]) == (
-        29.0, 18 * per_epoch, 64 * per_epoch, 2.0, 1e-4)
+    assert (
+        config["peak_learning_rate"],
+        config["warmup_steps"],
+        config["total_steps"],
+        config["power"],
+        config["end_learning_rate"],
+    ) == (29.0, 18 * per_epoch, 64 * per_epoch, 2.0, 1e-4)
     short = recipe.learning_rate_schedule(num_examples=50000, train_epochs=10)
     assert short.get_config()["total_steps"] == 10 and short.get_config()["warmup_steps"] == 10
     with pytest.raises(dataclasses.FrozenInstanceError):

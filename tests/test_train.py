@@ -25,12 +25,12 @@ from absl import flags
 from PIL import Image
 
 import keras_lars
-from tests import train_data
 from keras_lars.tools import checkpoints
 from keras_lars.tools import input_pipeline
 from keras_lars.tools import make_tfrecords
 from keras_lars.tools import settings
 from keras_lars.tools import train
+from tests import train_data
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TIMEOUT = 300  # seconds per child process; a hang fails the test
@@ -47,8 +47,9 @@ TRAIN_SCRIPT = os.path.join(os.path.dirname(sys.executable), "keras-lars-train")
 
 def run_tool(args, timeout=TIMEOUT, command=tool_command):
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
-    return subprocess.run(command(*args), cwd=ROOT, env=env, capture_output=True,
-                          text=True, timeout=timeout)
+    return subprocess.run(
+        command(*args), cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout
+    )
 
 
 def run_tools(arg_lists, parallel=2):
@@ -71,8 +72,11 @@ def fingerprint(directory):
 def h5_arrays(path):
     arrays = {}
     with h5py.File(path, "r") as f:
-        f.visititems(lambda name, item: arrays.__setitem__(name, item[()])
-                     if isinstance(item, h5py.Dataset) else None)
+        f.visititems(
+            lambda name, item: (
+                arrays.__setitem__(name, item[()]) if isinstance(item, h5py.Dataset) else None
+            )
+        )
     return arrays
 
 
@@ -83,10 +87,14 @@ def jpeg_bytes(pixels, quality=95):
 
 
 def example(jpeg, label, key="image/encoded"):
-    return tf.train.Example(features=tf.train.Features(feature={
-        key: tf.train.Feature(bytes_list=tf.train.BytesList(value=[jpeg])),
-        "image/class/label": tf.train.Feature(int64_list=tf.train.Int64List(value=[label])),
-    })).SerializeToString()
+    return tf.train.Example(
+        features=tf.train.Features(
+            feature={
+                key: tf.train.Feature(bytes_list=tf.train.BytesList(value=[jpeg])),
+                "image/class/label": tf.train.Feature(int64_list=tf.train.Int64List(value=[label])),
+            }
+        )
+    ).SerializeToString()
 
 
 def write_records(path, records):
@@ -109,8 +117,10 @@ def records(tmp_path_factory):
 def finished_run(tmp_path_factory):
     """The default run, shortened to 2 epochs, finished: (model_dir, process)."""
     model_dir = str(tmp_path_factory.mktemp("default") / "run")
-    process = run_tool(["--train_epochs=2", f"--model_dir={model_dir}"],
-                       command=lambda *args: [TRAIN_SCRIPT, *args])
+    process = run_tool(
+        ["--train_epochs=2", f"--model_dir={model_dir}"],
+        command=lambda *args: [TRAIN_SCRIPT, *args],
+    )
     assert process.returncode == 0, process.stderr[-3000:]
     return model_dir, process
 
@@ -121,7 +131,8 @@ def test_train_crop_windows_cover_8_to_100_percent_with_aspect_3_4_to_4_3():
     areas, aspects = [], []
     for i in range(300):
         y, x, h, w = input_pipeline.sample_crop_window(
-            tf.constant([height, width, 3]), tf.constant([7, i], tf.int64)).numpy()
+            tf.constant([height, width, 3]), tf.constant([7, i], tf.int64)
+        ).numpy()
         assert 0 <= y and 0 <= x and h >= 1 and w >= 1
         assert y + h <= height and x + w <= width
         areas.append(h * w / (height * width))
@@ -139,8 +150,12 @@ def test_eval_crop_window_is_the_central_224_of_256_square():
         expected = [(height - side + 1) // 2, (width - side + 1) // 2, side, side]
         window = input_pipeline.central_crop_window(tf.constant([height, width, 3]))
         assert window.numpy().tolist() == expected
-    assert input_pipeline.central_crop_window(tf.constant([256, 384, 3])).numpy().tolist() \
-        == [16, 80, 224, 224]
+    assert input_pipeline.central_crop_window(tf.constant([256, 384, 3])).numpy().tolist() == [
+        16,
+        80,
+        224,
+        224,
+    ]
 
 
 def test_eval_preprocessing_keeps_exactly_the_central_crop():
@@ -148,8 +163,14 @@ def test_eval_preprocessing_keeps_exactly_the_central_crop():
     # columns 80..303); inside, 16-pixel bands along the square's edges (top
     # blue, bottom yellow, left cyan, right magenta) around green. Band
     # edges fall on JPEG's 16-pixel blocks, so colours do not bleed.
-    colours = {"red": (255, 0, 0), "green": (0, 255, 0), "blue": (0, 0, 255),
-               "yellow": (255, 255, 0), "cyan": (0, 255, 255), "magenta": (255, 0, 255)}
+    colours = {
+        "red": (255, 0, 0),
+        "green": (0, 255, 0),
+        "blue": (0, 0, 255),
+        "yellow": (255, 255, 0),
+        "cyan": (0, 255, 255),
+        "magenta": (255, 0, 255),
+    }
     pixels = np.zeros((256, 384, 3), np.uint8)
     pixels[...] = colours["red"]
     pixels[16:240, 80:304] = colours["green"]
@@ -159,9 +180,13 @@ def test_eval_preprocessing_keeps_exactly_the_central_crop():
     pixels[32:224, 288:304] = colours["magenta"]
     image = unnormalize(input_pipeline.preprocess_for_eval(tf.constant(jpeg_bytes(pixels)), 224))
     assert image.shape == (224, 224, 3)
-    regions = {"blue": image[1:15, 1:-1], "yellow": image[209:223, 1:-1],
-               "cyan": image[17:207, 1:15], "magenta": image[17:207, 209:223],
-               "green": image[17:207, 17:207]}
+    regions = {
+        "blue": image[1:15, 1:-1],
+        "yellow": image[209:223, 1:-1],
+        "cyan": image[17:207, 1:15],
+        "magenta": image[17:207, 209:223],
+        "green": image[17:207, 17:207],
+    }
     for colour, region in regions.items():
         assert np.abs(region - colours[colour]).mean() < 12, colour
     red = np.all(np.abs(image - colours["red"]) < 60, axis=-1)
@@ -180,7 +205,7 @@ def test_train_preprocessing_is_the_resized_window_flipped_half_the_time():
         out = unnormalize(input_pipeline.preprocess_for_train(jpeg, 32, seed))
         crop_seed, _ = tf.unstack(tf.random.experimental.stateless_split(seed, num=2))
         y, x, h, w = input_pipeline.sample_crop_window(tf.shape(decoded), crop_seed).numpy()
-        window = tf.image.resize(decoded[y:y + h, x:x + w], [32, 32]).numpy()
+        window = tf.image.resize(decoded[y : y + h, x : x + w], [32, 32]).numpy()
         straight = np.abs(out - window).mean()
         flipped = np.abs(out - window[:, ::-1]).mean()
         assert min(straight, flipped) < 3  # the window, resized (maybe flipped)
@@ -196,10 +221,12 @@ def test_label_offset_maps_1_based_labels_to_0_based(tmp_path):
     path = tmp_path / "train-00000-of-00001"
     write_records(path, [example(jpeg, label) for label in (1, 2, 3, 4)])
     dataset = tf.data.TFRecordDataset(str(path)).map(
-        lambda r: input_pipeline.parse_record(r, 1, 4)[1])
+        lambda r: input_pipeline.parse_record(r, 1, 4)[1]
+    )
     assert list(dataset.as_numpy_iterator()) == [0, 1, 2, 3]
     dataset = tf.data.TFRecordDataset(str(path)).map(
-        lambda r: input_pipeline.parse_record(r, 0, 5)[1])
+        lambda r: input_pipeline.parse_record(r, 0, 5)[1]
+    )
     assert list(dataset.as_numpy_iterator()) == [1, 2, 3, 4]
     # Label 4 with offset 0 and 4 classes is out of range: named with the file.
     input_pipeline.validate_files([str(path)], 1, 4)
@@ -267,7 +294,8 @@ def test_make_tfrecords_writes_imagenet_format_shards(tmp_path):
     assert make_tfrecords.convert(source, out, "train", num_shards=3) == 20
     names = sorted(os.listdir(out))
     assert [n for n in names if n.startswith("train-")] == [
-        f"train-0000{i}-of-00003" for i in range(3)]
+        f"train-0000{i}-of-00003" for i in range(3)
+    ]
     with open(os.path.join(out, "labels.txt")) as f:
         assert f.read().split() == ["class_0", "class_1", "class_2", "class_3"]
     with open(os.path.join(out, "dataset.json")) as f:
@@ -289,8 +317,9 @@ def test_make_tfrecords_writes_imagenet_format_shards(tmp_path):
             original = np.asarray(Image.open(path).convert("RGB"), np.float64)
             decoded = tf.io.decode_jpeg(jpeg).numpy()
             assert decoded.shape == original.shape
-            np.testing.assert_allclose(decoded.mean(axis=(0, 1)), original.mean(axis=(0, 1)),
-                                       atol=3)
+            np.testing.assert_allclose(
+                decoded.mean(axis=(0, 1)), original.mean(axis=(0, 1)), atol=3
+            )
             seen += 1
     assert seen == 20
     # The validation split reuses labels.txt and adds its count.
@@ -348,8 +377,13 @@ def test_mlperf_recipe_sets_the_published_hyperparameters_and_flags_win():
     config = parse("--recipe=mlperf", "--global_batch_size=32768", "--dataset=synthetic")
     assert (config.peak_learning_rate, config.warmup_epochs, config.train_epochs) == (29.0, 18, 64)
     assert (config.momentum, config.weight_decay, config.label_smoothing) == (0.929, 1e-4, 0.1)
-    config = parse("--recipe=mlperf", "--global_batch_size=4096", "--train_epochs=3",
-                   "--warmup_epochs=1", "--dataset=synthetic")
+    config = parse(
+        "--recipe=mlperf",
+        "--global_batch_size=4096",
+        "--train_epochs=3",
+        "--warmup_epochs=1",
+        "--dataset=synthetic",
+    )
     assert (config.peak_learning_rate, config.train_epochs, config.warmup_epochs) == (10.0, 3, 1)
     config = parse("--recipe=mlperf", "--global_batch_size=4096", "--base_learning_rate=1")
     assert config.peak_learning_rate == pytest.approx(16.0)
@@ -364,19 +398,23 @@ def test_plan_counts_steps_and_rejects_bad_lengths():
     assert [plan.steps_in(e) for e in range(3)] == [10, 10, 5]
     assert plan.warmup_steps == 5
     with pytest.raises(train.ConfigError, match="--steps_per_execution=2"):
-        train.make_plan(train.Config(global_batch_size=10, train_steps=25,
-                                     steps_per_execution=2), 104)
+        train.make_plan(
+            train.Config(global_batch_size=10, train_steps=25, steps_per_execution=2), 104
+        )
     with pytest.raises(train.ConfigError, match="--warmup_epochs=3"):
         train.make_plan(train.Config(global_batch_size=10, train_epochs=2, warmup_epochs=3), 104)
     with pytest.raises(train.ConfigError, match="--global_batch_size=200"):
         train.make_plan(train.Config(global_batch_size=200), 104)
-    for bad, flag in ((dict(momentum=1.0), "--momentum"), (dict(base_learning_rate=0.0),
-                      "--base_learning_rate"), (dict(end_learning_rate=-1.0), "--end_learning_rate"),
-                      (dict(trust_coefficient=0.0), "--trust_coefficient"),
-                      (dict(label_smoothing=1.0), "--label_smoothing"),
-                      (dict(dataset="imagenet"), "--data_dir"),
-                      (dict(model="alexnet", sync_batch_norm=True), "--sync_batch_norm"),
-                      (dict(optimizer="sgd", trust_ratio_log_every=5), "--trust_ratio_log_every")):
+    for bad, flag in (
+        (dict(momentum=1.0), "--momentum"),
+        (dict(base_learning_rate=0.0), "--base_learning_rate"),
+        (dict(end_learning_rate=-1.0), "--end_learning_rate"),
+        (dict(trust_coefficient=0.0), "--trust_coefficient"),
+        (dict(label_smoothing=1.0), "--label_smoothing"),
+        (dict(dataset="imagenet"), "--data_dir"),
+        (dict(model="alexnet", sync_batch_norm=True), "--sync_batch_norm"),
+        (dict(optimizer="sgd", trust_ratio_log_every=5), "--trust_ratio_log_every"),
+    ):
         with pytest.raises(train.ConfigError, match=flag):
             train.Config(**bad)
 
@@ -389,13 +427,17 @@ def test_sgd_is_momentum_sgd_with_coupled_weight_decay():
     w = keras.Variable(np.array([[3.0, 4.0]], np.float32))
     g = np.array([[1.0, -2.0]], np.float32)
     optimizer.apply([g], [w])
-    np.testing.assert_allclose(w.numpy(), [[3.0, 4.0]] - 0.5 * (g + 0.1 * np.array([[3.0, 4.0]])),
-                               rtol=1e-6)
+    np.testing.assert_allclose(
+        w.numpy(), [[3.0, 4.0]] - 0.5 * (g + 0.1 * np.array([[3.0, 4.0]])), rtol=1e-6
+    )
 
 
 def test_global_batch_must_divide_between_replicas(monkeypatch, tmp_path):
-    monkeypatch.setattr(train, "make_strategy", lambda config: keras_lars.make_strategy(
-        "mirrored", devices=["/cpu:0", "/cpu:1"]))
+    monkeypatch.setattr(
+        train,
+        "make_strategy",
+        lambda config: keras_lars.make_strategy("mirrored", devices=["/cpu:0", "/cpu:1"]),
+    )
     before = os.listdir(tmp_path)
     with pytest.raises(train.ConfigError, match="--global_batch_size=7.*2 replicas"):
         train.train_and_evaluate(train.Config(global_batch_size=7, model_dir=str(tmp_path / "r")))
@@ -407,8 +449,9 @@ class WeightSum(keras.metrics.Metric):
 
     def __init__(self, name="examples"):
         super().__init__(name=name)
-        self.total = self.add_variable(shape=(), initializer="zeros", name="total",
-                                       aggregation="sum")
+        self.total = self.add_variable(
+            shape=(), initializer="zeros", name="total", aggregation="sum"
+        )
 
     def update_state(self, y_true, y_pred, sample_weight=None):
         weights = keras.ops.ones_like(y_true) if sample_weight is None else sample_weight
@@ -419,15 +462,27 @@ class WeightSum(keras.metrics.Metric):
 
 
 def test_two_replicas_train_and_evaluate_padded_batches(monkeypatch, records, tmp_path):
-    monkeypatch.setattr(train, "make_strategy", lambda config: keras_lars.make_strategy(
-        "mirrored", devices=["/cpu:0", "/cpu:1"]))
+    monkeypatch.setattr(
+        train,
+        "make_strategy",
+        lambda config: keras_lars.make_strategy("mirrored", devices=["/cpu:0", "/cpu:1"]),
+    )
     metrics = train.metrics
     monkeypatch.setattr(train, "metrics", lambda n: metrics(n) + [WeightSum()])
-    config = train.Config(model="alexnet_bn", dataset="imagenet", data_dir=records,
-                          image_size=32, global_batch_size=16, train_epochs=1,
-                          warmup_epochs=0.5, base_learning_rate=0.5, lr_scaling="none",
-                          steps_per_execution=5,
-                          sync_batch_norm=True, model_dir=str(tmp_path / "run"))
+    config = train.Config(
+        model="alexnet_bn",
+        dataset="imagenet",
+        data_dir=records,
+        image_size=32,
+        global_batch_size=16,
+        train_epochs=1,
+        warmup_epochs=0.5,
+        base_learning_rate=0.5,
+        lr_scaling="none",
+        steps_per_execution=5,
+        sync_batch_norm=True,
+        model_dir=str(tmp_path / "run"),
+    )
     summary = train.train_and_evaluate(config)
     assert summary["steps"] == 15 and summary["final"]["steps"] == 15
     assert summary["final"]["val_examples"] == 60  # each validation image once
@@ -458,17 +513,31 @@ def test_default_run_writes_checkpoints_logs_and_summary(finished_run):
     assert 0.0 <= summary["final"]["val_accuracy"] <= 1.0
     assert summary["final"]["learning_rate"] == pytest.approx(1e-4)  # end of the decay
     assert checkpoints.epochs_saved(os.path.join(model_dir, "checkpoints")) == [1, 2]
-    events = [n for _, _, names in os.walk(os.path.join(model_dir, "logs")) for n in names
-              if n.startswith("events.out.tfevents")]
+    events = [
+        n
+        for _, _, names in os.walk(os.path.join(model_dir, "logs"))
+        for n in names
+        if n.startswith("events.out.tfevents")
+    ]
     assert events
 
 
 def test_every_model_trains_on_generated_tfrecords(records, tmp_path):
-    common = ["--dataset=imagenet", f"--data_dir={records}", "--image_size=32",
-              "--global_batch_size=8", "--warmup_epochs=0"]
+    common = [
+        "--dataset=imagenet",
+        f"--data_dir={records}",
+        "--image_size=32",
+        "--global_batch_size=8",
+        "--warmup_epochs=0",
+    ]
     runs = {  # the deep ResNets eagerly: tracing ResNet-152 alone takes ~30 s
-        "resnet18": ["--train_epochs=3", "--global_batch_size=16", "--warmup_epochs=1",
-                     "--trust_ratio_log_every=10", "--label_smoothing=0.1"],
+        "resnet18": [
+            "--train_epochs=3",
+            "--global_batch_size=16",
+            "--warmup_epochs=1",
+            "--trust_ratio_log_every=10",
+            "--label_smoothing=0.1",
+        ],
         "alexnet": ["--train_steps=2"],
         "alexnet_bn": ["--train_steps=2", "--optimizer=lamb", "--base_learning_rate=0.01"],
         "resnet34": ["--train_steps=2", "--run_eagerly", "--optimizer=nesterov"],
@@ -477,8 +546,9 @@ def test_every_model_trains_on_generated_tfrecords(records, tmp_path):
         "resnet152": ["--train_steps=2", "--run_eagerly", "--noeval"],
     }
     order = ["resnet152", "resnet18", "resnet101", "resnet50", "alexnet_bn", "resnet34", "alexnet"]
-    processes = run_tools([common + [f"--model={m}", f"--model_dir={tmp_path / m}"] + runs[m]
-                           for m in order])
+    processes = run_tools(
+        [common + [f"--model={m}", f"--model_dir={tmp_path / m}"] + runs[m] for m in order]
+    )
     for model, process in zip(order, processes):
         assert process.returncode == 0, (model, process.stderr[-3000:])
         with open(tmp_path / model / "summary.json") as f:
@@ -495,14 +565,29 @@ def test_every_model_trains_on_generated_tfrecords(records, tmp_path):
 
 def test_rerun_after_kill_resumes_and_ends_as_an_uninterrupted_run(tmp_path):
     # AlexNet-BN has dropout: the resumed run must also draw the same masks.
-    args = ["--model=alexnet_bn", "--train_epochs=3", "--warmup_epochs=1",
-            "--global_batch_size=64", "--base_learning_rate=4"]
+    args = [
+        "--model=alexnet_bn",
+        "--train_epochs=3",
+        "--warmup_epochs=1",
+        "--global_batch_size=64",
+        "--base_learning_rate=4",
+    ]
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
     whole, killed = tmp_path / "whole", tmp_path / "killed"
-    uninterrupted = subprocess.Popen(tool_command(*args, f"--model_dir={whole}"), cwd=ROOT,
-                                     env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-    victim = subprocess.Popen(tool_command(*args, f"--model_dir={killed}"), cwd=ROOT, env=env,
-                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    uninterrupted = subprocess.Popen(
+        tool_command(*args, f"--model_dir={whole}"),
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+    )
+    victim = subprocess.Popen(
+        tool_command(*args, f"--model_dir={killed}"),
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     first = killed / "checkpoints" / "ckpt-0001.weights.h5"
     deadline = time.time() + TIMEOUT
     while not first.exists() and victim.poll() is None and time.time() < deadline:
@@ -547,37 +632,67 @@ def test_bad_input_is_one_line_naming_the_flag_or_file(finished_run, records, tm
     write_records(other / "validation-00000-of-00001", [example(jpeg, 1)])
     middle = tmp_path / "bad_middle"  # first records fine, record 5 not a JPEG
     middle.mkdir()
-    write_records(middle / "train-00000-of-00001",
-                  [example(jpeg, 1 + i % 2) if i != 5 else example(b"\xff\xd8 broken", 1)
-                   for i in range(12)])
+    write_records(
+        middle / "train-00000-of-00001",
+        [example(jpeg, 1 + i % 2) if i != 5 else example(b"\xff\xd8 broken", 1) for i in range(12)],
+    )
     write_records(middle / "validation-00000-of-00001", [example(jpeg, 1)])
-    imagenet = ["--dataset=imagenet", "--image_size=16", "--global_batch_size=4",
-                "--warmup_epochs=0", "--num_classes=2", "--model=alexnet",
-                "--train_examples=12", "--eval_examples=1", "--train_steps=3"]
+    imagenet = [
+        "--dataset=imagenet",
+        "--image_size=16",
+        "--global_batch_size=4",
+        "--warmup_epochs=0",
+        "--num_classes=2",
+        "--model=alexnet",
+        "--train_examples=12",
+        "--eval_examples=1",
+        "--train_steps=3",
+    ]
     cases = [
         (["--model=vgg16"], "--model=vgg16", "resnet18|resnet34"),
         (["--optimizer=adam"], "--optimizer=adam", "lars|lamb|sgd|nesterov"),
         (["--strategy=horovod"], "--strategy=horovod", "default|mirrored|multi_worker|tpu"),
         (imagenet + [f"--data_dir={empty}"], f"--data_dir={empty}", "train-*"),
         (imagenet + [f"--data_dir={garbage}"], "garbage/train-00000-of-00001", "TFRecord"),
-        (imagenet + [f"--data_dir={other}"], "other_format/train-00000-of-00001",
-         "ImageNet-format"),
-        (imagenet + [f"--data_dir={middle}", f"--model_dir={tmp_path / 'm'}"],
-         "bad_middle/train-00000-of-00001: record 5", "JPEG"),
+        (
+            imagenet + [f"--data_dir={other}"],
+            "other_format/train-00000-of-00001",
+            "ImageNet-format",
+        ),
+        (
+            imagenet + [f"--data_dir={middle}", f"--model_dir={tmp_path / 'm'}"],
+            "bad_middle/train-00000-of-00001: record 5",
+            "JPEG",
+        ),
         (["--base_learning_rate=0"], "--base_learning_rate=0", "> 0"),
         (["--base_learning_rate=-2", "--optimizer=sgd"], "--base_learning_rate=-2", "> 0"),
         (["--warmup_epochs=20", "--train_epochs=3"], "--warmup_epochs=20", "longer"),
         (["--model=alexnet"], "--model", "other settings"),  # into the finished run
-        (["--train_steps=3", "--steps_per_execution=2", "--train_epochs=1"],
-         "--steps_per_execution=2", "divide"),
+        (
+            ["--train_steps=3", "--steps_per_execution=2", "--train_epochs=1"],
+            "--steps_per_execution=2",
+            "divide",
+        ),
     ]
-    processes = run_tools([args + ([] if any(a.startswith("--model_dir") for a in args)
-                                   else [f"--model_dir={model_dir}"]) for args, _, _ in cases])
+    processes = run_tools(
+        [
+            args
+            + (
+                []
+                if any(a.startswith("--model_dir") for a in args)
+                else [f"--model_dir={model_dir}"]
+            )
+            for args, _, _ in cases
+        ]
+    )
     for (args, culprit, detail), process in zip(cases, processes):
         assert process.returncode != 0, args
         assert "Traceback" not in process.stderr, (args, process.stderr[-3000:])
-        lines = [line for line in process.stderr.splitlines()
-                 if line.startswith(("error:", "FATAL Flags parsing error:"))]
+        lines = [
+            line
+            for line in process.stderr.splitlines()
+            if line.startswith(("error:", "FATAL Flags parsing error:"))
+        ]
         assert len(lines) == 1, (args, process.stderr[-3000:])
         assert culprit in lines[0] and detail in lines[0], (args, lines[0])
     assert fingerprint(model_dir) == before  # nothing in the model dir lost or changed
@@ -587,5 +702,6 @@ def test_help_lists_every_setting():
     process = run_tool(["--help"], command=lambda *args: [TRAIN_SCRIPT, *args])
     assert process.returncode == 1  # absl's --help
     for field in settings.fields(train.Config):
-        assert f"--{field.name}:" in process.stdout or f"--[no]{field.name}:" in process.stdout, \
+        assert f"--{field.name}:" in process.stdout or f"--[no]{field.name}:" in process.stdout, (
             field.name
+        )

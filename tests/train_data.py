@@ -13,10 +13,10 @@ from PIL import Image
 COLOURS = ((220, 40, 40), (40, 200, 60), (50, 60, 220), (230, 210, 40))
 
 
-def colour_folders(root, per_class, seed=0, classes=len(COLOURS)):
-    """Writes root/class_<k>/<i>.png|jpg; returns root."""
+def colour_folders(root, per_class, seed=0, classes=None):
+    """Writes root/class_<k>/<i>.png|jpg (classes: default, one per colour); returns root."""
     rng = np.random.default_rng(seed)
-    for k in range(classes):
+    for k in range(len(COLOURS) if classes is None else classes):
         folder = os.path.join(root, f"class_{k}")
         os.makedirs(folder, exist_ok=True)
         for i in range(per_class):
@@ -34,8 +34,10 @@ def imagenet_records(root, train_per_class=60, eval_per_class=15, num_shards=4):
     from keras_lars.tools import make_tfrecords
 
     records = os.path.join(root, "records")
-    make_tfrecords.convert(colour_folders(os.path.join(root, "train"), train_per_class),
-                           records, "train", num_shards)
-    make_tfrecords.convert(colour_folders(os.path.join(root, "val"), eval_per_class, seed=1),
-                           records, "validation", 2)
+    make_tfrecords.convert(
+        colour_folders(os.path.join(root, "train"), train_per_class), records, "train", num_shards
+    )
+    make_tfrecords.convert(
+        colour_folders(os.path.join(root, "val"), eval_per_class, seed=1), records, "validation", 2
+    )
     return records

@@ -7,10 +7,11 @@ at a fixed epoch budget.
     keras-lars-study --dataset=imagenet --data_dir=data/photos \\
         --image_size=64 --batch_sizes=64,256,1024,full --train_epochs=30
 
-Every cell (optimizer, global batch B, seed) is one run of the training tool
-(`keras_lars.tools.train.train_and_evaluate`; also `python -m keras_lars.tools.batch_study`) for the same --train_epochs, so a larger
-batch takes fewer steps: steps = epochs * floor(N / B) for N training
-examples ("full" in --batch_sizes is B = N: one step per epoch). Every
+Also `python -m keras_lars.tools.batch_study`. Every cell (optimizer, global
+batch B, seed) is one run of the training tool (`train.train_and_evaluate`)
+for the same --train_epochs, so a larger batch takes fewer steps:
+steps = epochs * floor(N / B) for N training examples ("full" in
+--batch_sizes is B = N: one step per epoch). Every
 optimizer follows `keras_lars.WarmupPolyDecay` (linear warmup over
 --warmup_epochs, power-2 decay to --end_learning_rate) with the peak rate its
 scaling rule gives from its base rate per 256 examples (the tool's
@@ -97,8 +98,18 @@ RECALIBRATION_BATCH = 256
 RECALIBRATION_EXAMPLES = 8192
 # Settings of the training tool that the study sets per cell (they are not
 # its flags): the grid, the cell's model dir, and what every cell must do.
-PER_CELL = ("optimizer", "global_batch_size", "base_learning_rate", "lr_scaling", "seed",
-            "model_dir", "recipe", "train_steps", "eval", "trust_ratio_log_every")
+PER_CELL = (
+    "optimizer",
+    "global_batch_size",
+    "base_learning_rate",
+    "lr_scaling",
+    "seed",
+    "model_dir",
+    "recipe",
+    "train_steps",
+    "eval",
+    "trust_ratio_log_every",
+)
 
 
 def _pairs_check(parse):
@@ -108,8 +119,10 @@ def _pairs_check(parse):
         for entry in entries:
             name, sep, value = entry.partition("=")
             if not sep or name not in train.OPTIMIZERS:
-                return (f"expected optimizer=value pairs with optimizer one of "
-                        f"{', '.join(train.OPTIMIZERS)}; got {entry!r}")
+                return (
+                    f"expected optimizer=value pairs with optimizer one of "
+                    f"{', '.join(train.OPTIMIZERS)}; got {entry!r}"
+                )
             problem = parse(value)
             if problem:
                 return f"{entry!r}: {problem}"
@@ -127,8 +140,11 @@ def _rate_problem(value):
 
 
 def _rule_problem(value):
-    return (None if value in train.SCALING_RULES
-            else f"the rule must be one of {', '.join(train.SCALING_RULES)}")
+    return (
+        None
+        if value in train.SCALING_RULES
+        else f"the rule must be one of {', '.join(train.SCALING_RULES)}"
+    )
 
 
 def _batch_sizes_problem(entries, config):
@@ -152,25 +168,37 @@ def _optimizers_problem(names, config):
 class StudySettings:
     """The study's own settings (its other flags are the training tool's)."""
 
-    optimizers: tuple = setting(tuple(DEFAULT_RATES), "Optimizers to compare.",
-                                choices=train.OPTIMIZERS, check=_optimizers_problem)
+    optimizers: tuple = setting(
+        tuple(DEFAULT_RATES),
+        "Optimizers to compare.",
+        choices=train.OPTIMIZERS,
+        check=_optimizers_problem,
+    )
     batch_sizes: tuple = setting(
-        ("32", "128", "512", FULL), "Global batch sizes; 'full' is the whole training "
-        "set (one step per epoch).", check=_batch_sizes_problem)
-    seeds: int = setting(3, "Seeds per (optimizer, batch): 0, 1, ..., seeds - 1.",
-                         check=at_least(1))
+        ("32", "128", "512", FULL),
+        "Global batch sizes; 'full' is the whole training set (one step per epoch).",
+        check=_batch_sizes_problem,
+    )
+    seeds: int = setting(
+        3, "Seeds per (optimizer, batch): 0, 1, ..., seeds - 1.", check=at_least(1)
+    )
     base_learning_rates: tuple = setting(
         tuple(f"{k}={v}" for k, v in DEFAULT_RATES.items()),
         "optimizer=rate pairs: peak rate per 256 examples, scaled by --lr_scaling; "
-        "optimizers not listed keep their default.", check=_pairs_check(_rate_problem))
+        "optimizers not listed keep their default.",
+        check=_pairs_check(_rate_problem),
+    )
     lr_scaling: tuple = setting(
         tuple(f"{k}={v}" for k, v in DEFAULT_SCALING.items()),
         "optimizer=rule pairs, rule one of linear (base * B / 256), sqrt "
         "(base * sqrt(B / 256)), none (base); optimizers not listed keep their default.",
-        check=_pairs_check(_rule_problem))
+        check=_pairs_check(_rule_problem),
+    )
     study_dir: str = setting(
-        "runs/batch_study", "Store, tables, plot and cell model dirs (a local directory).",
-        check=lambda value, config: None if value else "must be a directory path")
+        "runs/batch_study",
+        "Store, tables, plot and cell model dirs (a local directory).",
+        check=lambda value, config: None if value else "must be a directory path",
+    )
 
     def __post_init__(self):
         settings.check(self)
@@ -222,16 +250,23 @@ def make_study(own, shared):
 
     def pairs(entries, defaults, parse):
         found = dict(defaults)
-        found.update((name, parse(value)) for name, _, value in
-                     (entry.partition("=") for entry in entries))
+        found.update(
+            (name, parse(value)) for name, _, value in (entry.partition("=") for entry in entries)
+        )
         return found
 
     bases = pairs(own.base_learning_rates, DEFAULT_RATES, float)
     rules = pairs(own.lr_scaling, DEFAULT_SCALING, str)
     batches = tuple(FULL if b == FULL else int(b) for b in own.batch_sizes)
     base = train.Config(**shared)  # checks the shared settings (names the flag)
-    return Study(base, own.optimizers, batches, own.seeds,
-                 {name: (bases[name], rules[name]) for name in own.optimizers}, own.study_dir)
+    return Study(
+        base,
+        own.optimizers,
+        batches,
+        own.seeds,
+        {name: (bases[name], rules[name]) for name in own.optimizers},
+        own.study_dir,
+    )
 
 
 def study_from_flags(flag_values=flags.FLAGS):
@@ -254,8 +289,14 @@ def cell_config(study, optimizer, batch_size, seed):
     """The training Config of one cell (its model dir: the study dir)."""
     base, rule = study.rates[optimizer]
     return dataclasses.replace(
-        study.shared, optimizer=optimizer, global_batch_size=batch_size, seed=seed,
-        base_learning_rate=base, lr_scaling=rule, model_dir=study.study_dir)
+        study.shared,
+        optimizer=optimizer,
+        global_batch_size=batch_size,
+        seed=seed,
+        base_learning_rate=base,
+        lr_scaling=rule,
+        model_dir=study.study_dir,
+    )
 
 
 def resolve_batch_sizes(study, num_train):
@@ -264,11 +305,14 @@ def resolve_batch_sizes(study, num_train):
     sizes = [num_train if b == FULL else b for b in study.batch_sizes]
     for size in sizes:
         if size > num_train:
-            raise ConfigError(f"--batch_sizes={listed}: {size} exceeds the {num_train} "
-                              "training examples (an epoch would have no step).")
+            raise ConfigError(
+                f"--batch_sizes={listed}: {size} exceeds the {num_train} "
+                "training examples (an epoch would have no step)."
+            )
     if len(set(sizes)) < len(sizes):
-        raise ConfigError(f"--batch_sizes={listed}: a batch size is listed twice "
-                          f"({FULL} is {num_train} here).")
+        raise ConfigError(
+            f"--batch_sizes={listed}: a batch size is listed twice ({FULL} is {num_train} here)."
+        )
     return sorted(sizes)
 
 
@@ -281,10 +325,10 @@ def make_cells(study, num_train):
             for batch in resolve_batch_sizes(study, num_train):
                 config = cell_config(study, optimizer, batch, seed)
                 key = cell_key(config)
-                cell = Cell(optimizer, batch, seed, config, train.make_plan(config, num_train),
-                            key)
+                cell = Cell(optimizer, batch, seed, config, train.make_plan(config, num_train), key)
                 config = dataclasses.replace(
-                    config, model_dir=os.path.join(study.study_dir, "cells", cell.name))
+                    config, model_dir=os.path.join(study.study_dir, "cells", cell.name)
+                )
                 cells.append(dataclasses.replace(cell, config=config))
     return cells
 
@@ -329,8 +373,9 @@ def recalibrate_batch_norm(model, batches):
 
     accumulated by a training-mode forward pass of batch k with momentum
     k / (k + 1). Returns the number of layers recalibrated."""
-    layers = [layer for layer in _sublayers(model)
-              if isinstance(layer, keras.layers.BatchNormalization)]
+    layers = [
+        layer for layer in _sublayers(model) if isinstance(layer, keras.layers.BatchNormalization)
+    ]
     momentum = [layer.momentum for layer in layers]
     try:
         for k, images in enumerate(batches if layers else ()):
@@ -358,8 +403,9 @@ def precise_bn_evaluation(config, data):
     batch = min(RECALIBRATION_BATCH, data.info.num_train)
     steps = max(1, min(data.info.num_train, RECALIBRATION_EXAMPLES) // batch)
     recalibrate_batch_norm(model, (images for images, _ in data.train(0, batch).take(steps)))
-    results = model.evaluate(data.eval(batch), steps=data.eval_steps(batch), verbose=0,
-                             return_dict=True)
+    results = model.evaluate(
+        data.eval(batch), steps=data.eval_steps(batch), verbose=0, return_dict=True
+    )
     return results["accuracy"], results["loss"]
 
 
@@ -400,23 +446,54 @@ def run_cell(cell, data):
         "key": cell.key,
     }
     if row["steps"] != cell.plan.total_steps:
-        print(f"warning: {cell.name} ran {row['steps']} optimizer steps, "
-              f"{cell.plan.total_steps} planned.", file=sys.stderr)
-    return {"key": cell.key, "finished": time.strftime("%Y-%m-%dT%H:%M:%S"),
-            "config": dataclasses.asdict(cell.config), "row": row,
-            "history": summary["history"]}
+        print(
+            f"warning: {cell.name} ran {row['steps']} optimizer steps, "
+            f"{cell.plan.total_steps} planned.",
+            file=sys.stderr,
+        )
+    return {
+        "key": cell.key,
+        "finished": time.strftime("%Y-%m-%dT%H:%M:%S"),
+        "config": dataclasses.asdict(cell.config),
+        "row": row,
+        "history": summary["history"],
+    }
 
 
 # --- tables and plot ---------------------------------------------------------------------
-ROW_FIELDS = ("optimizer", "batch_size", "seed", "test_accuracy", "test_loss",
-              "test_accuracy_precise_bn", "test_loss_precise_bn", "train_accuracy",
-              "train_loss", "steps", "epochs", "steps_per_epoch", "warmup_steps",
-              "peak_learning_rate", "full_batch", "wall_seconds", "key")
+ROW_FIELDS = (
+    "optimizer",
+    "batch_size",
+    "seed",
+    "test_accuracy",
+    "test_loss",
+    "test_accuracy_precise_bn",
+    "test_loss_precise_bn",
+    "train_accuracy",
+    "train_loss",
+    "steps",
+    "epochs",
+    "steps_per_epoch",
+    "warmup_steps",
+    "peak_learning_rate",
+    "full_batch",
+    "wall_seconds",
+    "key",
+)
 ACCURACIES = ("test_accuracy", "test_accuracy_precise_bn")
-AGGREGATE_FIELDS = ("optimizer", "batch_size", "seeds",
-                    *(f"{m}_{s}" for m in ACCURACIES for s in ("mean", "std", "min", "max")),
-                    "train_accuracy_mean", "test_loss_mean", "test_loss_precise_bn_mean",
-                    "steps", "peak_learning_rate", "full_batch", "wall_seconds_mean")
+AGGREGATE_FIELDS = (
+    "optimizer",
+    "batch_size",
+    "seeds",
+    *(f"{m}_{s}" for m in ACCURACIES for s in ("mean", "std", "min", "max")),
+    "train_accuracy_mean",
+    "test_loss_mean",
+    "test_loss_precise_bn_mean",
+    "steps",
+    "peak_learning_rate",
+    "full_batch",
+    "wall_seconds_mean",
+)
 
 
 def aggregate(rows):
@@ -432,16 +509,21 @@ def aggregate(rows):
         entry = {"optimizer": optimizer, "batch_size": batch, "seeds": len(group)}
         for metric in ACCURACIES:
             values = np.array([r[metric] for r in group], dtype=np.float64)
-            entry.update({
-                f"{metric}_mean": float(values.mean()),
-                f"{metric}_std": float(values.std(ddof=1)) if len(group) > 1 else 0.0,
-                f"{metric}_min": float(values.min()),
-                f"{metric}_max": float(values.max()),
-            })
+            entry.update(
+                {
+                    f"{metric}_mean": float(values.mean()),
+                    f"{metric}_std": float(values.std(ddof=1)) if len(group) > 1 else 0.0,
+                    f"{metric}_min": float(values.min()),
+                    f"{metric}_max": float(values.max()),
+                }
+            )
         for metric in ("train_accuracy", "test_loss", "test_loss_precise_bn", "wall_seconds"):
             entry[f"{metric}_mean"] = float(np.mean([r[metric] for r in group]))
-        entry.update(steps=group[0]["steps"], peak_learning_rate=group[0]["peak_learning_rate"],
-                     full_batch=group[0]["full_batch"])
+        entry.update(
+            steps=group[0]["steps"],
+            peak_learning_rate=group[0]["peak_learning_rate"],
+            full_batch=group[0]["full_batch"],
+        )
         found.append(entry)
     return found
 
@@ -483,18 +565,26 @@ def plot(aggregated, path, title, num_train):
     panels = figure.subplots(1, 2, sharey=True)
     optimizers = list(dict.fromkeys(row["optimizer"] for row in aggregated))
     batches = sorted({row["batch_size"] for row in aggregated})
-    subtitles = ("test accuracy (batch-norm moving averages)",
-                 "test accuracy, batch-norm statistics re-estimated (precise BN)")
+    subtitles = (
+        "test accuracy (batch-norm moving averages)",
+        "test accuracy, batch-norm statistics re-estimated (precise BN)",
+    )
     for axes, metric, subtitle in zip(panels, ACCURACIES, subtitles):
         for i, optimizer in enumerate(optimizers):
-            rows = sorted((r for r in aggregated if r["optimizer"] == optimizer),
-                          key=lambda r: r["batch_size"])
+            rows = sorted(
+                (r for r in aggregated if r["optimizer"] == optimizer),
+                key=lambda r: r["batch_size"],
+            )
             # A small horizontal offset per optimizer keeps the error bars apart.
             shift = 2 ** (0.05 * (i - (len(optimizers) - 1) / 2))
-            axes.errorbar([r["batch_size"] * shift for r in rows],
-                          [r[f"{metric}_mean"] for r in rows],
-                          yerr=[r[f"{metric}_std"] for r in rows],
-                          marker="o", capsize=3, label=optimizer)
+            axes.errorbar(
+                [r["batch_size"] * shift for r in rows],
+                [r[f"{metric}_mean"] for r in rows],
+                yerr=[r[f"{metric}_std"] for r in rows],
+                marker="o",
+                capsize=3,
+                label=optimizer,
+            )
         axes.set_xscale("log")
         axes.set_xticks(batches)
         axes.set_xticklabels([f"{b}\n(full)" if b == num_train else str(b) for b in batches])
@@ -540,11 +630,12 @@ def write_outputs(study, cells, records, num_train):
     }
     aggregated = aggregate(rows)
     write_table(os.path.join(study.study_dir, "cells"), ROW_FIELDS, rows, header)
-    write_table(os.path.join(study.study_dir, "aggregate"), AGGREGATE_FIELDS, aggregated,
-                header)
-    title = (f"{any_config.model} on {any_config.dataset} ({num_train} training images, "
-             f"{any_config.image_size}x{any_config.image_size}), {any_config.train_epochs} "
-             f"epochs, {study.seeds} seed(s); mean ± std over seeds")
+    write_table(os.path.join(study.study_dir, "aggregate"), AGGREGATE_FIELDS, aggregated, header)
+    title = (
+        f"{any_config.model} on {any_config.dataset} ({num_train} training images, "
+        f"{any_config.image_size}x{any_config.image_size}), {any_config.train_epochs} "
+        f"epochs, {study.seeds} seed(s); mean ± std over seeds"
+    )
     plot(aggregated, os.path.join(study.study_dir, "accuracy_vs_batch.png"), title, num_train)
 
 
@@ -565,21 +656,30 @@ def run_study(study):
         if cell.key in records:
             print(f"{where}: done before ({cell.name})", flush=True)
             continue
-        print(f"{where}: peak rate {cell.config.peak_learning_rate:.4g}, "
-              f"{cell.plan.total_steps} steps ...", flush=True)
+        print(
+            f"{where}: peak rate {cell.config.peak_learning_rate:.4g}, "
+            f"{cell.plan.total_steps} steps ...",
+            flush=True,
+        )
         record = run_cell(cell, data)
         append_record(store_path, record)
         records[cell.key] = record
         trained.append(cell.key)
         row = record["row"]
-        print(f"{where}: test_accuracy={row['test_accuracy']:.4f} "
-              f"(precise BN {row['test_accuracy_precise_bn']:.4f}) "
-              f"train_accuracy={row['train_accuracy']:.4f} steps={row['steps']} "
-              f"({row['wall_seconds']:.0f} s)", flush=True)
+        print(
+            f"{where}: test_accuracy={row['test_accuracy']:.4f} "
+            f"(precise BN {row['test_accuracy_precise_bn']:.4f}) "
+            f"train_accuracy={row['train_accuracy']:.4f} steps={row['steps']} "
+            f"({row['wall_seconds']:.0f} s)",
+            flush=True,
+        )
         write_outputs(study, cells, records, num_train)
     write_outputs(study, cells, records, num_train)
-    print(f"study: {len(trained)} cell(s) trained, {len(cells) - len(trained)} found done; "
-          f"tables and plot in {study.study_dir}", flush=True)
+    print(
+        f"study: {len(trained)} cell(s) trained, {len(cells) - len(trained)} found done; "
+        f"tables and plot in {study.study_dir}",
+        flush=True,
+    )
     return [records[c.key]["row"] for c in cells], trained
 
 

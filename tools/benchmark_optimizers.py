@@ -35,9 +35,12 @@ SHAPES = ("resnet50", "keras_resnet50")
 class BenchmarkSettings:
     rounds: int = setting(15, "Timed rounds per optimizer and mode.", check=at_least(1))
     modes: tuple = setting(MODES, "Execution modes.", choices=MODES)
-    shapes: str = setting("resnet50", "resnet50: keras_lars.models.resnet50 (MLPerf v1.5, no "
-                          "conv biases); keras_resnet50: keras.applications.ResNet50.",
-                          choices=SHAPES)
+    shapes: str = setting(
+        "resnet50",
+        "resnet50: keras_lars.models.resnet50 (MLPerf v1.5, no "
+        "conv biases); keras_resnet50: keras.applications.ResNet50.",
+        choices=SHAPES,
+    )
 
     def __post_init__(self):
         settings.check(self)
@@ -67,8 +70,10 @@ def resnet50_shapes(kind):
 
 def make_apply(optimizer, shapes, jit_compile):
     rng = np.random.default_rng(0)
-    variables = [keras.Variable(rng.normal(0, 0.05, s).astype("float32"), name=f"v{i}")
-                 for i, s in enumerate(shapes)]
+    variables = [
+        keras.Variable(rng.normal(0, 0.05, s).astype("float32"), name=f"v{i}")
+        for i, s in enumerate(shapes)
+    ]
     grads = [tf.constant(rng.normal(0, 1e-3, s).astype("float32")) for s in shapes]
     optimizer.build(variables)
 
@@ -83,8 +88,9 @@ def measure(shapes, modes, rounds):
     """{mode: {optimizer: median ms}}, optimizers interleaved per round."""
     results = {}
     for mode in modes:
-        applies = {name: make_apply(build(), shapes, mode == "xla")
-                   for name, build in OPTIMIZERS.items()}
+        applies = {
+            name: make_apply(build(), shapes, mode == "xla") for name, build in OPTIMIZERS.items()
+        }
         for apply in applies.values():  # trace, compile, warm up
             apply()
             apply()
@@ -104,12 +110,16 @@ def main(argv):
     tf.get_logger().setLevel("ERROR")
     options = BenchmarkSettings(**settings.from_flags(BenchmarkSettings)[0])
     shapes = resnet50_shapes(options.shapes)
-    print(f"{len(shapes)} variables, {sum(int(np.prod(s)) for s in shapes):,} parameters, "
-          f"TF {tf.__version__}, Keras {keras.__version__}, {os.cpu_count()} CPUs")
+    print(
+        f"{len(shapes)} variables, {sum(int(np.prod(s)) for s in shapes):,} parameters, "
+        f"TF {tf.__version__}, Keras {keras.__version__}, {os.cpu_count()} CPUs"
+    )
     results = measure(shapes, options.modes, options.rounds)
     for mode, ms in results.items():
-        print(f"\n[{mode}] median ms per apply: "
-              + ", ".join(f"{name} {value:.1f}" for name, value in ms.items()))
+        print(
+            f"\n[{mode}] median ms per apply: "
+            + ", ".join(f"{name} {value:.1f}" for name, value in ms.items())
+        )
         for ours, baseline, goal in RATIOS:
             ratio = ms[ours] / ms[baseline]
             verdict = "ok" if ratio <= goal else "over goal"

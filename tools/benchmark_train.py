@@ -54,15 +54,24 @@ class BenchmarkSettings:
 
 def models_to_compare(image_size, batch_size, steps):
     """{name: (compiled model, dataset)} for (a), on one synthetic batch."""
-    config = train.Config(model="resnet50", dataset="synthetic", image_size=image_size,
-                          num_classes=NUM_CLASSES, global_batch_size=batch_size)
+    config = train.Config(
+        model="resnet50",
+        dataset="synthetic",
+        image_size=image_size,
+        num_classes=NUM_CLASSES,
+        global_batch_size=batch_size,
+    )
     schedule = keras_lars.WarmupPolyDecay(2.0, 5 * steps, 100 * steps)
     data = input_pipeline.synthetic(batch_size, image_size, NUM_CLASSES, seed=0)
     tool = train.compiled_model(config, NUM_CLASSES, schedule)
-    plain = keras.applications.ResNet50(weights=None, input_shape=(image_size, image_size, 3),
-                                        classes=NUM_CLASSES)
-    plain.compile(optimizer=keras.optimizers.SGD(0.1, momentum=0.9),
-                  loss="sparse_categorical_crossentropy", metrics=["accuracy"])
+    plain = keras.applications.ResNet50(
+        weights=None, input_shape=(image_size, image_size, 3), classes=NUM_CLASSES
+    )
+    plain.compile(
+        optimizer=keras.optimizers.SGD(0.1, momentum=0.9),
+        loss="sparse_categorical_crossentropy",
+        metrics=["accuracy"],
+    )
     return {"tool resnet50 + LARS": (tool, data), "keras ResNet50 + SGD": (plain, data)}
 
 
@@ -97,8 +106,7 @@ def write_imagenet_sized_records(directory, count):
         Image.fromarray(pixels).save(os.path.join(folder, f"{i}.jpg"), quality=90)
     records = os.path.join(directory, "records")
     make_tfrecords.convert(os.path.join(directory, "images"), records, "train", num_shards=4)
-    make_tfrecords.convert(os.path.join(directory, "images"), records, "validation",
-                           num_shards=1)
+    make_tfrecords.convert(os.path.join(directory, "images"), records, "validation", num_shards=1)
     return records
 
 
@@ -118,16 +126,19 @@ def main(argv):
         raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
     options = BenchmarkSettings(**settings.from_flags(BenchmarkSettings)[0])
     size, batch, steps = options.size, options.batch, options.steps
-    print(f"TF {tf.__version__}, Keras {keras.__version__}, {os.cpu_count()} CPUs; "
-          f"{size}x{size} images, batch {batch}, {steps} steps x {options.rounds} rounds")
-    rates = train_throughput(models_to_compare(size, batch, steps), batch, steps,
-                             options.rounds)
+    print(
+        f"TF {tf.__version__}, Keras {keras.__version__}, {os.cpu_count()} CPUs; "
+        f"{size}x{size} images, batch {batch}, {steps} steps x {options.rounds} rounds"
+    )
+    rates = train_throughput(models_to_compare(size, batch, steps), batch, steps, options.rounds)
     for name, rate in rates.items():
         print(f"  {name}: {rate:.1f} images/s")
     (tool, tool_rate), (plain, plain_rate) = rates.items()
     ratio = tool_rate / plain_rate
-    print(f"(a) {tool} / {plain} = {ratio:.3f}  "
-          f"(goal >= 1.0: {'ok' if ratio >= 1.0 else 'below goal'})")
+    print(
+        f"(a) {tool} / {plain} = {ratio:.3f}  "
+        f"(goal >= 1.0: {'ok' if ratio >= 1.0 else 'below goal'})"
+    )
 
     directory = tempfile.mkdtemp(prefix="benchmark_train_")
     try:
@@ -136,10 +147,13 @@ def main(argv):
     finally:
         shutil.rmtree(directory, ignore_errors=True)
     ratio = input_rate / tool_rate
-    print(f"  input pipeline: {input_rate:.1f} images/s ({options.records} JPEG records "
-          "of ~500x375)")
-    print(f"(b) input pipeline / {tool} = {ratio:.2f}  "
-          f"(goal >= 2: {'ok' if ratio >= 2 else 'below goal'})")
+    print(
+        f"  input pipeline: {input_rate:.1f} images/s ({options.records} JPEG records of ~500x375)"
+    )
+    print(
+        f"(b) input pipeline / {tool} = {ratio:.2f}  "
+        f"(goal >= 2: {'ok' if ratio >= 2 else 'below goal'})"
+    )
 
 
 def run(argv=None):

@@ -93,9 +93,7 @@ def central_crop_window(image_shape):
     """The evaluation crop (offset_y, offset_x, side, side): the central
     square of side floor(EVAL_CROP_FRACTION * min(height, width))."""
     height, width = image_shape[0], image_shape[1]
-    side = tf.cast(
-        EVAL_CROP_FRACTION * tf.cast(tf.minimum(height, width), tf.float64), tf.int32
-    )
+    side = tf.cast(EVAL_CROP_FRACTION * tf.cast(tf.minimum(height, width), tf.float64), tf.int32)
     return tf.stack([(height - side + 1) // 2, (width - side + 1) // 2, side, side])
 
 
@@ -107,9 +105,7 @@ def normalize(images):
 def preprocess_for_train(jpeg, image_size, seed):
     """JPEG bytes -> normalised float32 (image_size, image_size, 3):
     random-area crop, resize, random left-right flip. `seed`: shape [2]."""
-    crop_seed, flip_seed = tf.unstack(
-        tf.random.experimental.stateless_split(seed, num=2)
-    )
+    crop_seed, flip_seed = tf.unstack(tf.random.experimental.stateless_split(seed, num=2))
     window = sample_crop_window(tf.image.extract_jpeg_shape(jpeg), crop_seed)
     image = tf.image.decode_and_crop_jpeg(jpeg, window, channels=3)
     image = tf.image.resize(image, [image_size, image_size])
@@ -153,17 +149,21 @@ def record_problem(record, label_offset, num_classes):
     try:
         features = tf.io.parse_single_example(record, _FEATURES)
     except tf.errors.InvalidArgumentError as error:
-        return ("not an ImageNet-format example (image/encoded JPEG bytes, "
-                f"image/class/label int64): {first_line(error)}")
+        return (
+            "not an ImageNet-format example (image/encoded JPEG bytes, "
+            f"image/class/label int64): {first_line(error)}"
+        )
     try:
         tf.io.decode_jpeg(features["image/encoded"], channels=3)
     except tf.errors.InvalidArgumentError as error:
         return f"image/encoded is not a readable JPEG: {first_line(error)}"
     label = int(features["image/class/label"])
     if not 0 <= label - label_offset < num_classes:
-        return (f"label {label} minus --label_offset={label_offset} is outside "
-                f"[0, {num_classes}); check --label_offset (1 for labels 1..N, 0 "
-                "for 0..N-1) and --num_classes")
+        return (
+            f"label {label} minus --label_offset={label_offset} is outside "
+            f"[0, {num_classes}); check --label_offset (1 for labels 1..N, 0 "
+            "for 0..N-1) and --num_classes"
+        )
     return None
 
 
@@ -207,9 +207,7 @@ def list_files(data_dir, pattern):
         raise DataError("--data_dir is required with --dataset=imagenet.")
     files = sorted(tf.io.gfile.glob(os.path.join(data_dir, pattern)))
     if not files:
-        raise DataError(
-            f"--data_dir={data_dir}: no file matches {os.path.join(data_dir, pattern)}"
-        )
+        raise DataError(f"--data_dir={data_dir}: no file matches {os.path.join(data_dir, pattern)}")
     return tuple(files)
 
 
@@ -232,8 +230,9 @@ def _element_seed(seed, epoch, pipeline_id, index):
     return tf.stack([tf.constant(seed, tf.int64), counter])
 
 
-def imagenet_train(files, epoch, batch_size, image_size, seed, label_offset,
-                   num_classes, input_context=None):
+def imagenet_train(
+    files, epoch, batch_size, image_size, seed, label_offset, num_classes, input_context=None
+):
     """One epoch of training batches (repeated: the caller takes the steps).
 
     Files are sharded per pipeline, then file order, record order (a
@@ -322,7 +321,7 @@ def load_digits(image_size):
     images = normalize(tf.repeat(images, 3, axis=-1)).numpy()
     labels = labels.astype("int32")
     order = np.random.default_rng(DIGITS_SPLIT_SEED).permutation(len(labels))
-    test = int(round(len(labels) * DIGITS_TEST_FRACTION))
+    test = round(len(labels) * DIGITS_TEST_FRACTION)
     train_index, test_index = order[test:], order[:test]
     return (images[train_index], labels[train_index]), (images[test_index], labels[test_index])
 
@@ -338,7 +337,7 @@ def arrays_train(images, labels, epoch, batch_size, seed, input_context=None):
     `epoch_permutation`, every n-th for pipeline i of n; no augmentation."""
     order = epoch_permutation(int(labels.shape[0]), seed, epoch)
     if input_context is not None:
-        order = order[input_context.input_pipeline_id::input_context.num_input_pipelines]
+        order = order[input_context.input_pipeline_id :: input_context.num_input_pipelines]
     dataset = tf.data.Dataset.from_tensor_slices(order)
     dataset = dataset.batch(batch_size, drop_remainder=True)
     dataset = dataset.map(lambda index: (tf.gather(images, index), tf.gather(labels, index)))
@@ -400,33 +399,47 @@ class Digits(_Source):
         self.image_size, self.seed = image_size, seed
         self.arrays = tf.nest.map_structure(tf.constant, load_digits(image_size))
         (_, train_labels), (_, eval_labels) = self.arrays
-        self.info = DatasetInfo("digits", len(train_labels), len(eval_labels),
-                                num_classes or DIGITS_CLASSES)
+        self.info = DatasetInfo(
+            "digits", len(train_labels), len(eval_labels), num_classes or DIGITS_CLASSES
+        )
 
     def train(self, epoch, global_batch_size, input_context=None):
         (images, labels), _ = self.arrays
-        return arrays_train(images, labels, epoch, _per_replica(global_batch_size, input_context),
-                            self.seed, input_context)
+        return arrays_train(
+            images,
+            labels,
+            epoch,
+            _per_replica(global_batch_size, input_context),
+            self.seed,
+            input_context,
+        )
 
     def eval_examples(self, batch, pipeline_id, pipelines, input_context):
         _, (images, labels) = self.arrays
         return tf.data.Dataset.from_tensor_slices(
-            (images[pipeline_id::pipelines], labels[pipeline_id::pipelines]))
+            (images[pipeline_id::pipelines], labels[pipeline_id::pipelines])
+        )
 
 
 class Synthetic(_Source):
     """Random images of ImageNet's sizes (`synthetic`), for throughput."""
 
-    def __init__(self, image_size=224, seed=0, num_classes=0, train_examples=0,
-                 eval_examples=0):
+    def __init__(self, image_size=224, seed=0, num_classes=0, train_examples=0, eval_examples=0):
         self.image_size, self.seed = image_size, seed
-        self.info = DatasetInfo("synthetic", train_examples or IMAGENET_TRAIN_EXAMPLES,
-                                eval_examples or IMAGENET_EVAL_EXAMPLES,
-                                num_classes or IMAGENET_CLASSES)
+        self.info = DatasetInfo(
+            "synthetic",
+            train_examples or IMAGENET_TRAIN_EXAMPLES,
+            eval_examples or IMAGENET_EVAL_EXAMPLES,
+            num_classes or IMAGENET_CLASSES,
+        )
 
     def train(self, epoch, global_batch_size, input_context=None):
-        return synthetic(_per_replica(global_batch_size, input_context), self.image_size,
-                         self.info.num_classes, self.seed)
+        return synthetic(
+            _per_replica(global_batch_size, input_context),
+            self.image_size,
+            self.info.num_classes,
+            self.seed,
+        )
 
     def eval_examples(self, batch, pipeline_id, pipelines, input_context):
         return synthetic(batch, self.image_size, self.info.num_classes, self.seed + 1).unbatch()
@@ -443,8 +456,16 @@ class ImageNetRecords(_Source):
 
     required_settings = ("data_dir",)
 
-    def __init__(self, data_dir=None, image_size=224, seed=0, label_offset=1, num_classes=0,
-                 train_examples=0, eval_examples=0):
+    def __init__(
+        self,
+        data_dir=None,
+        image_size=224,
+        seed=0,
+        label_offset=1,
+        num_classes=0,
+        train_examples=0,
+        eval_examples=0,
+    ):
         self.image_size, self.seed, self.label_offset = image_size, seed, label_offset
         train_files = list_files(data_dir, TRAIN_PATTERN)
         eval_files = list_files(data_dir, EVAL_PATTERN)
@@ -461,9 +482,15 @@ class ImageNetRecords(_Source):
 
     def train(self, epoch, global_batch_size, input_context=None):
         return imagenet_train(
-            self.info.train_files, epoch, _per_replica(global_batch_size, input_context),
-            self.image_size, self.seed, self.label_offset, self.info.num_classes,
-            input_context)
+            self.info.train_files,
+            epoch,
+            _per_replica(global_batch_size, input_context),
+            self.image_size,
+            self.seed,
+            self.label_offset,
+            self.info.num_classes,
+            input_context,
+        )
 
     def eval_share(self, num_pipelines):
         if num_pipelines == 1:
@@ -475,8 +502,9 @@ class ImageNetRecords(_Source):
 
     def eval_examples(self, batch, pipeline_id, pipelines, input_context):
         files = shard_files(self.info.eval_files, input_context)
-        return imagenet_eval_examples(files, self.image_size, self.label_offset,
-                                      self.info.num_classes)
+        return imagenet_eval_examples(
+            files, self.image_size, self.label_offset, self.info.num_classes
+        )
 
 
 # --dataset names the source; adding a source is a class above and a line here.

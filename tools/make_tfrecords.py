@@ -61,15 +61,21 @@ class ConversionSettings:
     """The settings of keras-lars-make-tfrecords."""
 
     input_dir: str = setting(None, "Folder of class folders of images.", check=_required)
-    output_dir: str = setting(None, "Where the shards, labels.txt and dataset.json go "
-                              "(a folder or a bucket).", check=_required)
+    output_dir: str = setting(
+        None,
+        "Where the shards, labels.txt and dataset.json go (a folder or a bucket).",
+        check=_required,
+    )
     split: str = setting("train", "Shard file prefix (train-*, validation-*).", choices=SPLITS)
-    num_shards: int = setting(0, f"Shards to write; 0: one per {IMAGES_PER_SHARD} images.",
-                              check=at_least(0))
-    first_label: int = setting(1, "Label of the first class (1: labels 1..N; 0: 0..N-1).",
-                               check=one_of(0, 1))
-    jpeg_quality: int = setting(95, "Quality of re-encoded JPEGs (1..100).",
-                                check=in_interval(1, 101))
+    num_shards: int = setting(
+        0, f"Shards to write; 0: one per {IMAGES_PER_SHARD} images.", check=at_least(0)
+    )
+    first_label: int = setting(
+        1, "Label of the first class (1: labels 1..N; 0: 0..N-1).", check=one_of(0, 1)
+    )
+    jpeg_quality: int = setting(
+        95, "Quality of re-encoded JPEGs (1..100).", check=in_interval(1, 101)
+    )
     workers: int = setting(0, "Processes writing shards; 0: one per CPU.", check=at_least(0))
 
     def __post_init__(self):
@@ -105,8 +111,7 @@ def list_examples(input_dir, labels=None):
                 f"({len(classes)} classes); convert into a new --output_dir."
             )
         images = sorted(
-            name for name in os.listdir(path)
-            if name.lower().endswith(IMAGE_EXTENSIONS)
+            name for name in os.listdir(path) if name.lower().endswith(IMAGE_EXTENSIONS)
         )
         if not images:
             raise ConversionError(
@@ -139,15 +144,19 @@ def jpeg_example(path, label, synset, quality):
             return tf.train.Feature(int64_list=tf.train.Int64List(value=[value]))
         return tf.train.Feature(bytes_list=tf.train.BytesList(value=[value]))
 
-    return tf.train.Example(features=tf.train.Features(feature={
-        "image/encoded": feature(data),
-        "image/class/label": feature(label),
-        "image/class/synset": feature(synset.encode()),
-        "image/height": feature(height),
-        "image/width": feature(width),
-        "image/format": feature(b"JPEG"),
-        "image/filename": feature(os.path.basename(path).encode()),
-    })).SerializeToString()
+    return tf.train.Example(
+        features=tf.train.Features(
+            feature={
+                "image/encoded": feature(data),
+                "image/class/label": feature(label),
+                "image/class/synset": feature(synset.encode()),
+                "image/height": feature(height),
+                "image/width": feature(width),
+                "image/format": feature(b"JPEG"),
+                "image/filename": feature(os.path.basename(path).encode()),
+            }
+        )
+    ).SerializeToString()
 
 
 def _write_shard(job):
@@ -158,8 +167,15 @@ def _write_shard(job):
             writer.write(jpeg_example(path, first_label + index, synset, quality))
 
 
-def convert(input_dir, output_dir, split=TRAIN_SPLIT, num_shards=0, first_label=1,
-            jpeg_quality=95, workers=1):
+def convert(
+    input_dir,
+    output_dir,
+    split=TRAIN_SPLIT,
+    num_shards=0,
+    first_label=1,
+    jpeg_quality=95,
+    workers=1,
+):
     """Writes the shards of `split`; returns the number of examples."""
     gfile = tf.io.gfile
     gfile.makedirs(output_dir)
@@ -176,9 +192,12 @@ def convert(input_dir, output_dir, split=TRAIN_SPLIT, num_shards=0, first_label=
             f"--num_shards={num_shards} must be between 1 and the {len(examples)} images."
         )
     jobs = [
-        (examples[i::num_shards],
-         os.path.join(output_dir, f"{split}-{i:05d}-of-{num_shards:05d}"),
-         first_label, jpeg_quality)
+        (
+            examples[i::num_shards],
+            os.path.join(output_dir, f"{split}-{i:05d}-of-{num_shards:05d}"),
+            first_label,
+            jpeg_quality,
+        )
         for i in range(num_shards)
     ]
     try:
@@ -204,8 +223,7 @@ def convert(input_dir, output_dir, split=TRAIN_SPLIT, num_shards=0, first_label=
             f.write("".join(name + "\n" for name in classes))
     info_path = os.path.join(output_dir, INFO_FILE)
     info = storage.read_json(info_path) if gfile.exists(info_path) else {}
-    info.update({split: len(examples), "num_classes": len(classes),
-                 "first_label": first_label})
+    info.update({split: len(examples), "num_classes": len(classes), "first_label": first_label})
     storage.write_json(info_path, info)
     return len(examples)
 
@@ -215,14 +233,22 @@ def main(argv):
         raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
     try:
         options = ConversionSettings(**settings.from_flags(ConversionSettings)[0])
-        count = convert(options.input_dir, options.output_dir, options.split,
-                        options.num_shards, options.first_label, options.jpeg_quality,
-                        options.workers or os.cpu_count() or 1)
+        count = convert(
+            options.input_dir,
+            options.output_dir,
+            options.split,
+            options.num_shards,
+            options.first_label,
+            options.jpeg_quality,
+            options.workers or os.cpu_count() or 1,
+        )
     except (settings.ConfigError, ConversionError) as error:
         sys.exit(f"error: {error}")
-    print(f"wrote {count} examples to {options.output_dir}/{options.split}-*; train with "
-          f"--dataset=imagenet --data_dir={options.output_dir} "
-          f"--label_offset={options.first_label}")
+    print(
+        f"wrote {count} examples to {options.output_dir}/{options.split}-*; train with "
+        f"--dataset=imagenet --data_dir={options.output_dir} "
+        f"--label_offset={options.first_label}"
+    )
 
 
 def run(argv=None):

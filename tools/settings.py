@@ -27,12 +27,14 @@ class ConfigError(ValueError):
     """A bad setting; the message names the flag and its value."""
 
 
-def setting(default, help, *, choices=(), check=None, resumable=False):  # noqa: A002
+def setting(default, help, *, choices=(), check=None, resumable=False):
     """A dataclass field declaring one setting (see the module docstring).
     `resumable`: the setting may differ when a run is resumed (where it
     runs, not what it computes)."""
-    return dataclasses.field(default=default, metadata={
-        "help": help, "choices": tuple(choices), "check": check, "resumable": resumable})
+    return dataclasses.field(
+        default=default,
+        metadata={"help": help, "choices": tuple(choices), "check": check, "resumable": resumable},
+    )
 
 
 # --- checks --------------------------------------------------------------------------
@@ -46,13 +48,13 @@ def greater_than(bound):
 
 def in_interval(low, high):
     """low <= value < high."""
-    return lambda value, config: (None if low <= value < high
-                                  else f"must be in [{low}, {high})")
+    return lambda value, config: None if low <= value < high else f"must be in [{low}, {high})"
 
 
 def one_of(*allowed):
-    return lambda value, config: (None if value in allowed
-                                  else f"must be {' or '.join(map(str, allowed))}")
+    return lambda value, config: (
+        None if value in allowed else f"must be {' or '.join(map(str, allowed))}"
+    )
 
 
 def _field_type(schema, field):

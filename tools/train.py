@@ -71,9 +71,9 @@ REFERENCE_BATCH = 256
 def scaled_learning_rate(base, global_batch_size, rule):
     """The peak learning rate from a base rate per REFERENCE_BATCH (256) images:
 
-        linear:  base * B / 256          (keras_lars.linear_scaling, Goyal et al. 2017)
-        sqrt:    base * sqrt(B / 256)    (the square-root rule of the LAMB paper)
-        none:    base
+    linear:  base * B / 256          (keras_lars.linear_scaling, Goyal et al. 2017)
+    sqrt:    base * sqrt(B / 256)    (the square-root rule of the LAMB paper)
+    none:    base
     """
     if rule == "linear":
         return keras_lars.linear_scaling(base, global_batch_size, REFERENCE_BATCH)
@@ -99,89 +99,143 @@ class Config:
 
     model: str = setting("resnet18", "Network (keras_lars.models).", choices=MODELS)
     optimizer: str = setting(
-        "lars", "lars: keras_lars.LARS; lamb: keras_lars.LAMB; sgd / nesterov: momentum "
+        "lars",
+        "lars: keras_lars.LARS; lamb: keras_lars.LAMB; sgd / nesterov: momentum "
         "SGD with the same coupled weight decay (LARS with layer adaptation off).",
-        choices=OPTIMIZERS)
-    global_batch_size: int = setting(128, "Images per step over all replicas.",
-                                     check=at_least(1))
+        choices=OPTIMIZERS,
+    )
+    global_batch_size: int = setting(128, "Images per step over all replicas.", check=at_least(1))
     base_learning_rate: float = setting(
-        10.0, "Peak learning rate per 256 images, scaled to the batch by --lr_scaling. "
+        10.0,
+        "Peak learning rate per 256 images, scaled to the batch by --lr_scaling. "
         "With --recipe=mlperf and not given: the recipe's peak for the batch, unscaled.",
-        check=greater_than(0))
+        check=greater_than(0),
+    )
     lr_scaling: str = setting(
-        "linear", "Peak rate from the base rate for batch B: linear: base * B / 256; "
-        "sqrt: base * sqrt(B / 256); none: base.", choices=SCALING_RULES)
+        "linear",
+        "Peak rate from the base rate for batch B: linear: base * B / 256; "
+        "sqrt: base * sqrt(B / 256); none: base.",
+        choices=SCALING_RULES,
+    )
     recipe: str = setting(
-        "none", "mlperf: peak rate, warmup, epochs, momentum, weight decay and label "
+        "none",
+        "mlperf: peak rate, warmup, epochs, momentum, weight decay and label "
         "smoothing of the MLPerf ResNet-50 LARS table for the global batch "
         "(keras_lars.resnet50_lars_recipe); flags given explicitly still win.",
         choices=RECIPES,
-        check=lambda value, c: None if value == "none" or c.optimizer == "lars" else (
-            f"a LARS recipe; --optimizer={c.optimizer} needs its own --base_learning_rate, "
-            "--warmup_epochs, ..."))
-    end_learning_rate: float = setting(1e-4, "Rate at the end of the polynomial decay.",
-                                       check=at_least(0))
-    warmup_epochs: float = setting(2.0, "Linear warmup length in epochs (may be fractional).",
-                                   check=at_least(0))
+        check=lambda value, c: (
+            None
+            if value == "none" or c.optimizer == "lars"
+            else (
+                f"a LARS recipe; --optimizer={c.optimizer} needs its own --base_learning_rate, "
+                "--warmup_epochs, ..."
+            )
+        ),
+    )
+    end_learning_rate: float = setting(
+        1e-4, "Rate at the end of the polynomial decay.", check=at_least(0)
+    )
+    warmup_epochs: float = setting(
+        2.0, "Linear warmup length in epochs (may be fractional).", check=at_least(0)
+    )
     train_epochs: int = setting(
-        15, "Training length in epochs.",
-        check=_needs(lambda value, c: value >= 1 or c.train_steps > 0, "must be >= 1"))
+        15,
+        "Training length in epochs.",
+        check=_needs(lambda value, c: value >= 1 or c.train_steps > 0, "must be >= 1"),
+    )
     train_steps: int = setting(
-        0, "If > 0, training length in steps (overrides --train_epochs).",
-        check=_needs(lambda value, c: value >= 0, "must be >= 0 (0: use --train_epochs)"))
+        0,
+        "If > 0, training length in steps (overrides --train_epochs).",
+        check=_needs(lambda value, c: value >= 0, "must be >= 0 (0: use --train_epochs)"),
+    )
     momentum: float = setting(
-        0.9, "Momentum (lars, sgd, nesterov) or LAMB's beta_1.",
-        check=_needs(lambda value, c: 0 <= value < 1 and (value > 0 or c.optimizer != "nesterov"),
-                     "must be in [0, 1) (and > 0 for nesterov)"))
+        0.9,
+        "Momentum (lars, sgd, nesterov) or LAMB's beta_1.",
+        check=_needs(
+            lambda value, c: 0 <= value < 1 and (value > 0 or c.optimizer != "nesterov"),
+            "must be in [0, 1) (and > 0 for nesterov)",
+        ),
+    )
     weight_decay: float = setting(
-        1e-4, "Coupled L2 weight decay; biases and batch norm excluded.", check=at_least(0))
-    trust_coefficient: float = setting(0.001, "LARS trust coefficient eta.",
-                                       check=greater_than(0))
+        1e-4, "Coupled L2 weight decay; biases and batch norm excluded.", check=at_least(0)
+    )
+    trust_coefficient: float = setting(0.001, "LARS trust coefficient eta.", check=greater_than(0))
     label_smoothing: float = setting(
-        0.0, "Label smoothing of the cross-entropy (0.1 in MLPerf).", check=in_interval(0, 1))
+        0.0, "Label smoothing of the cross-entropy (0.1 in MLPerf).", check=in_interval(0, 1)
+    )
     precision: str = setting(
-        "float32", "bfloat16 / float16: Keras mixed precision (float16 adds loss "
-        "scaling); variables and logits stay float32.", choices=PRECISIONS)
+        "float32",
+        "bfloat16 / float16: Keras mixed precision (float16 adds loss "
+        "scaling); variables and logits stay float32.",
+        choices=PRECISIONS,
+    )
     strategy: str = setting(
-        "default", "default: one device; mirrored: all local GPUs; multi_worker: the "
+        "default",
+        "default: one device; mirrored: all local GPUs; multi_worker: the "
         "cluster of TF_CONFIG; tpu: the TPU at --tpu (keras_lars.make_strategy).",
-        choices=STRATEGIES, resumable=True)
-    tpu: str = setting(None, "TPU name, grpc://address or 'local' (default: $TPU_NAME).", resumable=True)
+        choices=STRATEGIES,
+        resumable=True,
+    )
+    tpu: str = setting(
+        None, "TPU name, grpc://address or 'local' (default: $TPU_NAME).", resumable=True
+    )
     dataset: str = setting(
-        "digits", "digits: scikit-learn's handwritten digits (nothing downloaded); "
+        "digits",
+        "digits: scikit-learn's handwritten digits (nothing downloaded); "
         "imagenet: ImageNet-format TFRecords in --data_dir (train-*, validation-*); "
         "synthetic: random images of ImageNet's sizes, for throughput.",
-        choices=input_pipeline.SOURCES)
+        choices=input_pipeline.SOURCES,
+    )
     data_dir: str = setting(None, "Directory (or bucket) of the TFRecord shards.", resumable=True)
     label_offset: int = setting(
-        1, "Subtracted from image/class/label: 1 for labels 1..N (tensorflow/tpu, "
-        "keras-lars-make-tfrecords), 0 for 0..N-1.", check=one_of(0, 1))
+        1,
+        "Subtracted from image/class/label: 1 for labels 1..N (tensorflow/tpu, "
+        "keras-lars-make-tfrecords), 0 for 0..N-1.",
+        check=one_of(0, 1),
+    )
     image_size: int = setting(
-        0, "Input side in pixels; 0: the data set's (32 for digits, 224 otherwise).",
-        check=at_least(8))
-    num_classes: int = setting(0, "Classes; 0: the data set's (dataset.json, 1000, 10).",
-                               check=at_least(0))
-    train_examples: int = setting(0, "Training examples per epoch; 0: the data set's.",
-                                  check=at_least(0))
-    eval_examples: int = setting(0, "Evaluation examples; 0: the data set's.",
-                                 check=at_least(0))
+        0,
+        "Input side in pixels; 0: the data set's (32 for digits, 224 otherwise).",
+        check=at_least(8),
+    )
+    num_classes: int = setting(
+        0, "Classes; 0: the data set's (dataset.json, 1000, 10).", check=at_least(0)
+    )
+    train_examples: int = setting(
+        0, "Training examples per epoch; 0: the data set's.", check=at_least(0)
+    )
+    eval_examples: int = setting(0, "Evaluation examples; 0: the data set's.", check=at_least(0))
     sync_batch_norm: bool = setting(
-        False, "Batch-norm statistics over all replicas.",
-        check=_needs(lambda value, c: not (value and c.model == "alexnet"),
-                     "alexnet has no batch norm"))
+        False,
+        "Batch-norm statistics over all replicas.",
+        check=_needs(
+            lambda value, c: not (value and c.model == "alexnet"), "alexnet has no batch norm"
+        ),
+    )
     model_dir: str = setting(
-        "", "Checkpoints, TensorBoard logs (logs/), summary.json; rerunning resumes. "
-        "Empty: runs/<dataset>.", resumable=True)
-    steps_per_execution: int = setting(1, "Steps per compiled call (large on TPUs).",
-                                       check=at_least(1), resumable=True)
+        "",
+        "Checkpoints, TensorBoard logs (logs/), summary.json; rerunning resumes. "
+        "Empty: runs/<dataset>.",
+        resumable=True,
+    )
+    steps_per_execution: int = setting(
+        1, "Steps per compiled call (large on TPUs).", check=at_least(1), resumable=True
+    )
     eval: bool = setting(True, "Evaluate after every epoch.", resumable=True)
-    run_eagerly: bool = setting(False, "Debugging: run the train step eagerly (no tracing).", resumable=True)
+    run_eagerly: bool = setting(
+        False, "Debugging: run the train step eagerly (no tracing).", resumable=True
+    )
     seed: int = setting(0, "Seed of the weights, data order and augmentation.")
     trust_ratio_log_every: int = setting(
-        0, "If > 0, log LARS/LAMB per-layer trust ratios to TensorBoard every that many "
+        0,
+        "If > 0, log LARS/LAMB per-layer trust ratios to TensorBoard every that many "
         "steps (keras_lars.TrustRatioMonitor).",
-        check=_needs(lambda value, c: value >= 0 and (value == 0 or c.optimizer in ("lars", "lamb")),
-                     "must be >= 0, and trust ratios exist for lars and lamb only"), resumable=True)
+        check=_needs(
+            lambda value, c: value >= 0 and (value == 0 or c.optimizer in ("lars", "lamb")),
+            "must be >= 0, and trust ratios exist for lars and lamb only",
+        ),
+        resumable=True,
+    )
 
     def __post_init__(self):
         if self.image_size == 0 and self.dataset in input_pipeline.SOURCES:
@@ -196,8 +250,9 @@ class Config:
 
     @property
     def peak_learning_rate(self):
-        return scaled_learning_rate(self.base_learning_rate, self.global_batch_size,
-                                    self.lr_scaling)
+        return scaled_learning_rate(
+            self.base_learning_rate, self.global_batch_size, self.lr_scaling
+        )
 
 
 def config_from_flags(values, given=()):
@@ -207,12 +262,16 @@ def config_from_flags(values, given=()):
     setting_of = lambda name: values.get(name, getattr(Config, name))  # noqa: E731
     if setting_of("recipe") == "mlperf" and setting_of("optimizer") == "lars":
         recipe = keras_lars.resnet50_lars_recipe(max(setting_of("global_batch_size"), 1))
-        from_recipe = {"base_learning_rate": recipe.peak_learning_rate, "lr_scaling": "none",
-                       "warmup_epochs": recipe.warmup_epochs,
-                       "train_epochs": int(recipe.train_epochs), "momentum": recipe.momentum,
-                       "weight_decay": recipe.weight_decay,
-                       "label_smoothing": recipe.label_smoothing,
-                       "end_learning_rate": recipe.end_learning_rate}
+        from_recipe = {
+            "base_learning_rate": recipe.peak_learning_rate,
+            "lr_scaling": "none",
+            "warmup_epochs": recipe.warmup_epochs,
+            "train_epochs": int(recipe.train_epochs),
+            "momentum": recipe.momentum,
+            "weight_decay": recipe.weight_decay,
+            "label_smoothing": recipe.label_smoothing,
+            "end_learning_rate": recipe.end_learning_rate,
+        }
         if "base_learning_rate" in given:
             del from_recipe["base_learning_rate"], from_recipe["lr_scaling"]
         values.update({k: v for k, v in from_recipe.items() if k not in given})
@@ -280,8 +339,11 @@ def create_optimizer(config, schedule):
     record = config.trust_ratio_log_every > 0
     if config.optimizer == "lamb":
         return keras_lars.LAMB(
-            schedule, beta_1=config.momentum, weight_decay=config.weight_decay,
-            exclude_rank_one=True, record_trust_ratios=record,
+            schedule,
+            beta_1=config.momentum,
+            weight_decay=config.weight_decay,
+            exclude_rank_one=True,
+            record_trust_ratios=record,
         )
     # Momentum SGD is LARS with every variable excluded from layer adaptation:
     # v = m*v + lr*(g + wd*w), w -= v, the form of Goyal et al. and MLPerf.
@@ -310,13 +372,18 @@ class CrossEntropy(keras.losses.Loss):
     def call(self, labels, logits):
         labels = keras.ops.reshape(keras.ops.cast(labels, "int32"), (-1,))
         return keras.losses.categorical_crossentropy(
-            keras.ops.one_hot(labels, self.num_classes), logits,
-            from_logits=True, label_smoothing=self.label_smoothing,
+            keras.ops.one_hot(labels, self.num_classes),
+            logits,
+            from_logits=True,
+            label_smoothing=self.label_smoothing,
         )
 
     def get_config(self):
-        return {"num_classes": self.num_classes, "label_smoothing": self.label_smoothing,
-                "name": self.name}
+        return {
+            "num_classes": self.num_classes,
+            "label_smoothing": self.label_smoothing,
+            "name": self.name,
+        }
 
 
 def metrics(num_classes):
@@ -346,8 +413,7 @@ def train_stream(data, plan, start_epoch, global_batch_size):
     order, each epoch `data.train(epoch)` cut to its steps."""
 
     def make(input_context):
-        local_replicas = (input_context.num_replicas_in_sync
-                          // input_context.num_input_pipelines)
+        local_replicas = input_context.num_replicas_in_sync // input_context.num_input_pipelines
         stream = None
         for epoch in range(start_epoch, plan.epochs):
             batches = data.train(epoch, global_batch_size, input_context)
@@ -403,16 +469,22 @@ class RunState(keras.callbacks.Callback):
         # convert_to_numpy: Keras 3.8 leaves a metric result that is an
         # on-read variable (compat's on_read_metric_variables) unconverted.
         record = {k: float(keras.ops.convert_to_numpy(v)) for k, v in logs.items()}
-        record.update(epoch=epoch + 1, steps=iterations,
-                      seconds=round(time.time() - self._start, 3))
+        record.update(
+            epoch=epoch + 1, steps=iterations, seconds=round(time.time() - self._start, 3)
+        )
         if last > first and t1 > t0:
             record["images_per_second"] = round(
                 (last - first) * self.config.global_batch_size / (t1 - t0), 2
             )
         self.state["history"].append(record)
         self.state["epochs_done"] = epoch + 1
-        checkpoints.save(self.model, os.path.join(self.config.model_dir, "checkpoints"),
-                         epoch + 1, self.state, self.strategy)
+        checkpoints.save(
+            self.model,
+            os.path.join(self.config.model_dir, "checkpoints"),
+            epoch + 1,
+            self.state,
+            self.strategy,
+        )
 
 
 class ProgressBar(keras.callbacks.ProgbarLogger):
@@ -438,13 +510,19 @@ def make_callbacks(config, plan, schedule, state, strategy):
     if not keras_lars.distribute.is_chief(strategy):
         return callbacks  # only the chief writes logs
     if importlib.util.find_spec("tensorboard") is None:
-        print("warning: the tensorboard package is not installed "
-              "(pip install tensorboard): no TensorBoard logs.", file=sys.stderr)
+        print(
+            "warning: the tensorboard package is not installed "
+            "(pip install tensorboard): no TensorBoard logs.",
+            file=sys.stderr,
+        )
     else:
         callbacks.append(keras.callbacks.TensorBoard(logs, write_graph=False))
     if config.trust_ratio_log_every:
-        callbacks.append(keras_lars.TrustRatioMonitor(
-            os.path.join(logs, "trust_ratios"), config.trust_ratio_log_every))
+        callbacks.append(
+            keras_lars.TrustRatioMonitor(
+                os.path.join(logs, "trust_ratios"), config.trust_ratio_log_every
+            )
+        )
     return callbacks
 
 
@@ -458,11 +536,9 @@ def check_model_dir(config, strategy=None):
     if tf.io.gfile.exists(path):
         stored = storage.read_json(path)
         resumable = {f.name for f in settings.fields(config) if f.metadata["resumable"]}
-        changed = [k for k, v in current.items()
-                   if k not in resumable and stored.get(k, v) != v]
+        changed = [k for k, v in current.items() if k not in resumable and stored.get(k, v) != v]
         if changed:
-            details = ", ".join(f"--{k}: {stored[k]!r} there, {current[k]!r} now"
-                                for k in changed)
+            details = ", ".join(f"--{k}: {stored[k]!r} there, {current[k]!r} now" for k in changed)
             raise ConfigError(
                 f"--model_dir={config.model_dir} holds a run with other settings "
                 f"({details}); resume it with its flags or use another --model_dir."
@@ -486,7 +562,9 @@ def make_strategy(config):
     if replicas > 1:
         needs.append(("on_read_metric_variables", f"--strategy={config.strategy}"))
     if replicas > 1 and config.steps_per_execution > 1:
-        needs.append(("steps_per_execution_loop", f"--steps_per_execution={config.steps_per_execution}"))
+        needs.append(
+            ("steps_per_execution_loop", f"--steps_per_execution={config.steps_per_execution}")
+        )
     if replicas > 1 and not config.sync_batch_norm:
         needs.append(("mean_batch_norm_statistics", "--nosync_batch_norm"))
     for name, flag in needs:
@@ -514,8 +592,11 @@ def train_and_evaluate(config):
     plan = make_plan(config, data.info.num_train)
     check_model_dir(config, strategy)
     schedule = keras_lars.WarmupPolyDecay(
-        config.peak_learning_rate, plan.warmup_steps, plan.total_steps,
-        power=2.0, end_learning_rate=config.end_learning_rate,
+        config.peak_learning_rate,
+        plan.warmup_steps,
+        plan.total_steps,
+        power=2.0,
+        end_learning_rate=config.end_learning_rate,
     )
 
     with strategy.scope():
@@ -528,13 +609,15 @@ def train_and_evaluate(config):
 
     if start < plan.epochs:
         train = strategy.distribute_datasets_from_function(
-            train_stream(data, plan, start, config.global_batch_size))
+            train_stream(data, plan, start, config.global_batch_size)
+        )
         validation, validation_steps = None, []
         if config.eval:
 
             def evaluation(context):
-                validation_steps.append(data.eval_steps(
-                    config.global_batch_size, context.num_input_pipelines))
+                validation_steps.append(
+                    data.eval_steps(config.global_batch_size, context.num_input_pipelines)
+                )
                 return data.eval(config.global_batch_size, context)
 
             validation = strategy.distribute_datasets_from_function(evaluation)
@@ -565,8 +648,11 @@ def _explain_data_error(data, config, error):
     files = data.info.train_files + data.info.eval_files
     if not files:
         return
-    print(f"reading the data failed ({input_pipeline.first_line(error)}); "
-          f"looking for the bad record in {len(files)} files...", file=sys.stderr)
+    print(
+        f"reading the data failed ({input_pipeline.first_line(error)}); "
+        f"looking for the bad record in {len(files)} files...",
+        file=sys.stderr,
+    )
     bad = input_pipeline.find_bad_record(files, config.label_offset, data.info.num_classes)
     if bad is not None:
         path, index, message = bad
@@ -590,12 +676,18 @@ def write_summary(config, plan, state, wall_seconds, strategy=None):
     }
     if keras_lars.distribute.is_chief(strategy):
         storage.write_json(os.path.join(config.model_dir, "summary.json"), summary)
-    shown = " ".join(f"{k}={v:.4f}" for k, v in summary["final"].items()
-                     if k not in ("epoch", "steps", "learning_rate"))
-    print(f"final: model={config.model} optimizer={config.optimizer} "
-          f"epochs={plan.epochs} steps={plan.total_steps} {shown} "
-          f"images_per_second={summary['train_images_per_second']} "
-          f"model_dir={config.model_dir}", flush=True)
+    shown = " ".join(
+        f"{k}={v:.4f}"
+        for k, v in summary["final"].items()
+        if k not in ("epoch", "steps", "learning_rate")
+    )
+    print(
+        f"final: model={config.model} optimizer={config.optimizer} "
+        f"epochs={plan.epochs} steps={plan.total_steps} {shown} "
+        f"images_per_second={summary['train_images_per_second']} "
+        f"model_dir={config.model_dir}",
+        flush=True,
+    )
     return summary
 
 
@@ -603,9 +695,11 @@ def main(argv):
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
     if keras.backend.backend() != "tensorflow":
-        sys.exit(f"error: the training tool runs on Keras's TensorFlow backend, not "
-                 f"{keras.backend.backend()!r} (KERAS_BACKEND or ~/.keras/keras.json): "
-                 "set KERAS_BACKEND=tensorflow.")
+        sys.exit(
+            f"error: the training tool runs on Keras's TensorFlow backend, not "
+            f"{keras.backend.backend()!r} (KERAS_BACKEND or ~/.keras/keras.json): "
+            "set KERAS_BACKEND=tensorflow."
+        )
     try:
         train_and_evaluate(config_from_flags(*settings.from_flags(Config)))
     except (ConfigError, input_pipeline.DataError) as error:
