@@ -6,6 +6,8 @@ _environment.check()  # one ImportError for Keras 2 / tf_keras or a Keras below 
 
 from keras_lars import compat  # Keras/TF workarounds; nothing is patched at import
 from keras_lars import distribute
+from keras_lars.callbacks import DivergenceGuard
+from keras_lars.callbacks import NonFiniteLossError
 from keras_lars.callbacks import TrustRatioMonitor
 from keras_lars.callbacks import WarmupPolyDecayCallback
 from keras_lars.distribute import make_strategy
@@ -28,6 +30,8 @@ __all__ = [
     "WarmupPolyDecay",
     "WarmupPolyDecayCallback",
     "TrustRatioMonitor",
+    "DivergenceGuard",
+    "NonFiniteLossError",
     "LarsRecipe",
     "resnet50_lars_recipe",
     "steps_per_epoch",

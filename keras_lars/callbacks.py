@@ -1,6 +1,10 @@
-"""Callbacks: the warmup/poly-decay schedule in callback form, trust-ratio logs."""
+"""Callbacks: the warmup/poly-decay schedule in callback form, trust-ratio
+logs, and a guard that stops training when it diverges."""
+
+import math
 
 import keras
+import numpy as np
 from keras import ops
 
 from keras_lars.schedules import WarmupPolyDecay
@@ -267,3 +271,82 @@ class TrustRatioMonitor(keras.callbacks.Callback):
 
     def get_config(self):
         return {"log_dir": self.log_dir, "every_n_steps": self.every_n_steps}
+
+
+class NonFiniteLossError(RuntimeError):
+    """Training diverged: a non-finite loss, or non-finite variables.
+
+    Attributes: `step` (the optimizer's step count when it was seen) and
+    `epoch` (1-based).
+    """
+
+    def __init__(self, message, step, epoch):
+        super().__init__(message)
+        self.step, self.epoch = step, epoch
+
+
+@keras.saving.register_keras_serializable(package="keras_lars")
+class DivergenceGuard(keras.callbacks.Callback):
+    """Stops training at the first sign of divergence.
+
+    Checks, at every training batch end, the loss in the logs (Keras's
+    running mean over the epoch, so one non-finite step keeps it non-finite
+    however many steps an execution runs), and at every epoch end the
+    validation loss and every model and optimizer variable (a finite last
+    loss can precede the update that made the weights non-finite).
+
+    With `raise_error=True` (default) it raises `NonFiniteLossError` from
+    that callback hook, so `fit` stops there and no later hook, such as a
+    checkpoint at the epoch's end, runs: put this callback first. With
+    `raise_error=False` it sets `model.stop_training`, as Keras's
+    `TerminateOnNaN` does, and records `diverged` (the error it would
+    have raised); later hooks of that epoch still run and should check it.
+    """
+
+    def __init__(self, raise_error=True):
+        super().__init__()
+        if not isinstance(raise_error, bool):
+            raise ValueError(f"`raise_error` must be True or False, received {raise_error!r}.")
+        self.raise_error = raise_error
+        self.diverged = None
+        self._epoch = 0
+
+    def _step(self):
+        optimizer = inner_optimizer(self.model.optimizer)
+        return int(ops.convert_to_numpy(optimizer.iterations))
+
+    def _stop(self, what):
+        step = self._step()
+        error = NonFiniteLossError(
+            f"{what} became non-finite at step {step} (epoch {self._epoch + 1})",
+            step,
+            self._epoch + 1,
+        )
+        self.diverged = error
+        self.model.stop_training = True
+        if self.raise_error:
+            raise error
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self._epoch = epoch
+
+    def on_train_batch_end(self, batch, logs=None):
+        loss = (logs or {}).get("loss")
+        if loss is not None and not math.isfinite(float(ops.convert_to_numpy(loss))):
+            self._stop("loss")
+
+    def on_epoch_end(self, epoch, logs=None):
+        for key in ("loss", "val_loss"):
+            value = (logs or {}).get(key)
+            if value is not None and not math.isfinite(float(ops.convert_to_numpy(value))):
+                self._stop(key)
+                return
+        variables = list(self.model.variables) + list(self.model.optimizer.variables)
+        for variable in variables:
+            # (integers, such as the step count, are always finite)
+            if not np.isfinite(ops.convert_to_numpy(variable)).all():
+                self._stop(f"variable {variable.path}")
+                return
+
+    def get_config(self):
+        return {"raise_error": self.raise_error}

@@ -84,7 +84,7 @@ class LAMB(LayerwiseOptimizer):
                     f"received {trust_ratio_bounds!r}."
                 ) from None
             lower = check_number("trust_ratio_bounds[0]", lower, at_least=0.0)
-            upper = check_number("trust_ratio_bounds[1]", upper, above=lower)
+            upper = check_number("trust_ratio_bounds[1]", upper, above=lower, finite=False)
             trust_ratio_bounds = (lower, upper)
         self.trust_ratio_bounds = trust_ratio_bounds
 

@@ -45,8 +45,14 @@ def trust_ratio(
                                                      (LARC clipping: local rate
                                                       min(ratio, lr))
         ratio = 1      where ||w|| == 0 or ||u|| == 0
+        ratio = nan    where ||w|| or ||u|| is not finite
 
-    All arguments are float32 scalars (or Python floats).
+    A non-finite norm (a NaN or inf entry in the weights or the gradient)
+    propagates: the whole layer's update becomes NaN, so the loss turns
+    non-finite at the next step and a divergence check sees it (as plain
+    SGD would, but never hidden behind a ratio of 1 that steps the other
+    entries ~1/eta too far). All arguments are float32 scalars (or Python
+    floats).
     """
     if denominator is None:
         denominator = update_norm
@@ -56,7 +62,9 @@ def trust_ratio(
     if clip_to_learning_rate is not None:
         ratio = ops.minimum(ratio / clip_to_learning_rate, 1.0)
     defined = ops.logical_and(ops.greater(weight_norm, 0.0), ops.greater(update_norm, 0.0))
-    return ops.where(defined, ratio, ops.ones_like(ratio))
+    ratio = ops.where(defined, ratio, ops.ones_like(ratio))
+    finite = ops.logical_and(ops.isfinite(weight_norm), ops.isfinite(update_norm))
+    return ops.where(finite, ratio, ops.full_like(ratio, float("nan")))
 
 
 def variable_path(variable):

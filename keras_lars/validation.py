@@ -1,10 +1,12 @@
 """Argument checks: a ValueError that names the argument and the value."""
 
+import math
 import numbers
 
 
-def check_number(name, value, above=None, at_least=None, below=None, at_most=None):
-    """Returns float(value); raises ValueError naming `name` if out of range."""
+def check_number(name, value, above=None, at_least=None, below=None, at_most=None, finite=True):
+    """Returns float(value); raises ValueError naming `name` if out of range,
+    NaN, or (with finite=True) infinite."""
     limits = [
         (above, lambda v, b: v > b, ">"),
         (at_least, lambda v, b: v >= b, ">="),
@@ -16,9 +18,11 @@ def check_number(name, value, above=None, at_least=None, below=None, at_most=Non
     if (
         not is_number
         or value != value
+        or (finite and math.isinf(value))
         or not all(ok(value, bound) for bound, ok, _ in limits if bound is not None)
     ):
-        raise ValueError(f"`{name}` must be a number {wanted}".rstrip() + f", received {value!r}.")
+        kind = "a finite number" if finite else "a number"
+        raise ValueError(f"`{name}` must be {kind} {wanted}".rstrip() + f", received {value!r}.")
     return float(value)
 
 

@@ -369,3 +369,62 @@ def test_callback_on_the_jax_backend():
     np.testing.assert_allclose(
         report["rates"], [_expected_rate(6), _expected_rate(12), _expected_rate(18)], rtol=1e-6
     )
+
+
+# --- DivergenceGuard ---------------------------------------------------------
+def _diverging_model(rate):
+    model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(1, name="dense")], name="net")
+    model.compile(optimizer=keras.optimizers.SGD(rate), loss="mse")
+    return model
+
+
+class _Saves(keras.callbacks.Callback):
+    """Records the epochs whose end was reached (where a checkpoint would be)."""
+
+    def __init__(self):
+        super().__init__()
+        self.epochs = []
+
+    def on_epoch_end(self, epoch, logs=None):
+        self.epochs.append(epoch + 1)
+
+
+def _regression_data():
+    rng = np.random.default_rng(0)
+    return rng.normal(size=(64, 4)).astype("float32"), rng.normal(size=(64, 1)).astype("float32")
+
+
+def test_divergence_guard_raises_at_the_first_non_finite_loss_before_any_epoch_end():
+    x, y = _regression_data()
+    model, saves = _diverging_model(1e6), _Saves()
+    with pytest.raises(keras_lars.NonFiniteLossError, match="loss became non-finite") as error:
+        model.fit(
+            x, y, batch_size=8, epochs=3, verbose=0, callbacks=[keras_lars.DivergenceGuard(), saves]
+        )
+    assert saves.epochs == []  # stopped inside epoch 1
+    assert error.value.epoch == 1 and 1 <= error.value.step <= 8
+    steps = int(model.optimizer.iterations.numpy())
+    assert error.value.step == steps
+
+
+def test_divergence_guard_catches_weights_made_non_finite_by_the_last_step():
+    # One step per epoch: the loss logged is that of the weights before the
+    # update, which is finite; the update itself overflows the weights.
+    x, y = _regression_data()
+    model, saves = _diverging_model(1e38), _Saves()
+    guard = keras_lars.DivergenceGuard(raise_error=False)
+    model.fit(x, 1e3 * y, batch_size=64, epochs=3, verbose=0, callbacks=[guard, saves])
+    assert str(guard.diverged) == "variable net/dense/kernel became non-finite at step 1 (epoch 1)"
+    assert (guard.diverged.step, guard.diverged.epoch) == (1, 1)
+    assert int(model.optimizer.iterations.numpy()) == 1  # stop_training after epoch 1
+    assert saves.epochs == [1]  # raise_error=False: later hooks of the epoch still run
+
+
+def test_divergence_guard_leaves_a_healthy_run_alone():
+    x, y = _regression_data()
+    model, saves = _diverging_model(0.01), _Saves()
+    guard = keras_lars.DivergenceGuard()
+    model.fit(x, y, batch_size=8, epochs=2, verbose=0, callbacks=[guard, saves])
+    assert guard.diverged is None and saves.epochs == [1, 2]
+    with pytest.raises(ValueError, match="raise_error"):
+        keras_lars.DivergenceGuard(raise_error="yes")

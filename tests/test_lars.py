@@ -281,3 +281,44 @@ def test_invalid_hyperparameters_name_the_argument(argument, value):
 def test_nesterov_needs_momentum():
     with pytest.raises(ValueError, match="nesterov"):
         keras_lars.LARS(momentum=0.0, nesterov=True)
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf")])
+def test_a_non_finite_gradient_entry_makes_its_layer_nan_never_a_ratio_of_one(bad):
+    # Before: ||g|| = nan failed `> 0`, the ratio became 1 and the finite
+    # entries stepped lr * g instead of lr * eta * ||w|| / ||g|| (~1/eta too far).
+    layer = keras.Variable(np.full((2, 2), 3.0, "float32"), name="w")
+    other = keras.Variable(np.full((2, 2), 3.0, "float32"), name="v")
+    gradient = np.full((2, 2), 0.5, "float32")
+    gradient[0, 0] = bad
+    optimizer = keras_lars.LARS(learning_rate=0.1, momentum=0.0, weight_decay=0.0)
+    optimizer.apply([gradient, np.full((2, 2), 0.5, "float32")], [layer, other])
+    assert np.isnan(keras.ops.convert_to_numpy(layer)).all()
+    # The other layer: w - lr * eta * ||w|| / ||g|| * g, with ||w|| = 6, ||g|| = 1.
+    np.testing.assert_allclose(
+        keras.ops.convert_to_numpy(other), 3.0 - 0.1 * 0.001 * 6.0 * 0.5, rtol=1e-6
+    )
+
+
+def test_trust_ratio_of_non_finite_norms_is_nan():
+    for weight_norm, update_norm in ((np.nan, 1.0), (1.0, np.nan), (np.inf, 1.0), (1.0, np.inf)):
+        ratio = keras_lars.trust_ratio(np.float32(weight_norm), np.float32(update_norm))
+        assert np.isnan(keras.ops.convert_to_numpy(ratio))
+    assert float(keras_lars.trust_ratio(np.float32(0.0), np.float32(2.0))) == 1.0
+    assert float(keras_lars.trust_ratio(np.float32(3.0), np.float32(2.0), coefficient=0.5)) == 0.75
+
+
+@pytest.mark.parametrize(
+    "build",
+    [
+        lambda: keras_lars.LARS(learning_rate=float("inf")),
+        lambda: keras_lars.LARS(weight_decay=float("inf")),
+        lambda: keras_lars.LAMB(weight_decay=float("inf")),
+        lambda: keras_lars.LAMB(learning_rate=float("-inf")),
+        lambda: keras_lars.WarmupPolyDecay(float("inf"), 10, 100),
+        lambda: keras_lars.linear_scaling(float("inf"), 256),
+    ],
+)
+def test_infinite_hyperparameters_are_refused(build):
+    with pytest.raises(ValueError, match="must be a finite number"):
+        build()

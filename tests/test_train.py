@@ -6,12 +6,15 @@ processes (two at a time where several are needed: tracing a Keras model is
 single-threaded); the pipeline's pieces are called in-process.
 """
 
+import collections
 import concurrent.futures
 import hashlib
 import io
 import json
 import os
+import re
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -29,6 +32,7 @@ from keras_lars.tools import checkpoints
 from keras_lars.tools import input_pipeline
 from keras_lars.tools import make_tfrecords
 from keras_lars.tools import settings
+from keras_lars.tools import storage
 from keras_lars.tools import train
 from tests import train_data
 
@@ -540,8 +544,20 @@ def test_every_model_trains_on_generated_tfrecords(records, tmp_path):
         ],
         "alexnet": ["--train_steps=2"],
         "alexnet_bn": ["--train_steps=2", "--optimizer=lamb", "--base_learning_rate=0.01"],
-        "resnet34": ["--train_steps=2", "--run_eagerly", "--optimizer=nesterov"],
-        "resnet50": ["--train_steps=2", "--run_eagerly", "--optimizer=sgd"],
+        # Momentum SGD at LARS's default rate (10 per 256) diverges: the
+        # divergence guard stops it. 0.1 per 256 is SGD's usual rate.
+        "resnet34": [
+            "--train_steps=2",
+            "--run_eagerly",
+            "--optimizer=nesterov",
+            "--base_learning_rate=0.1",
+        ],
+        "resnet50": [
+            "--train_steps=2",
+            "--run_eagerly",
+            "--optimizer=sgd",
+            "--base_learning_rate=0.1",
+        ],
         "resnet101": ["--train_steps=2", "--run_eagerly", "--noeval"],
         "resnet152": ["--train_steps=2", "--run_eagerly", "--noeval"],
     }
@@ -555,6 +571,7 @@ def test_every_model_trains_on_generated_tfrecords(records, tmp_path):
             summary = json.load(f)
         assert summary["config"]["model"] == model
         assert np.isfinite(summary["final"]["loss"])
+        assert np.isfinite(summary["final"].get("val_loss", 0.0))
         expected_steps = 45 if model == "resnet18" else 2
         assert summary["final"]["steps"] == summary["steps"] == expected_steps
     with open(tmp_path / "resnet18" / "summary.json") as f:
@@ -630,6 +647,7 @@ def test_bad_input_is_one_line_naming_the_flag_or_file(finished_run, records, tm
     other.mkdir()
     write_records(other / "train-00000-of-00001", [example(jpeg, 1, key="image/raw")])
     write_records(other / "validation-00000-of-00001", [example(jpeg, 1)])
+    (tmp_path / "a_file").write_text("a file where the model dir's parent should be")
     middle = tmp_path / "bad_middle"  # first records fine, record 5 not a JPEG
     middle.mkdir()
     write_records(
@@ -668,6 +686,7 @@ def test_bad_input_is_one_line_naming_the_flag_or_file(finished_run, records, tm
         (["--base_learning_rate=-2", "--optimizer=sgd"], "--base_learning_rate=-2", "> 0"),
         (["--warmup_epochs=20", "--train_epochs=3"], "--warmup_epochs=20", "longer"),
         (["--model=alexnet"], "--model", "other settings"),  # into the finished run
+        ([f"--model_dir={tmp_path / 'a_file' / 'run'}"], "cannot write", "a_file/run"),
         (
             ["--train_steps=3", "--steps_per_execution=2", "--train_epochs=1"],
             "--steps_per_execution=2",
@@ -705,3 +724,129 @@ def test_help_lists_every_setting():
         assert f"--{field.name}:" in process.stdout or f"--[no]{field.name}:" in process.stdout, (
             field.name
         )
+
+
+# --- long runs: divergence, bad checkpoints, disks, locks -------------------------------
+def test_divergence_stops_with_one_error_line_and_checkpoints_nothing(tmp_path):
+    model_dir = tmp_path / "run"
+    process = run_tool(
+        [
+            "--image_size=16",
+            "--train_epochs=2",
+            "--warmup_epochs=0",
+            "--base_learning_rate=1e6",
+            f"--model_dir={model_dir}",
+        ]
+    )
+    assert process.returncode == 1
+    errors = [line for line in process.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and "Traceback" not in process.stderr
+    assert re.fullmatch(
+        r"error: (loss|val_loss|variable \S+) became non-finite at step \d+ \(epoch 1\); "
+        r"last good checkpoint: none \(no epoch finished\)",
+        errors[0],
+    ), errors[0]
+    assert checkpoints.epochs_saved(str(model_dir / "checkpoints")) == []
+    # config.json comes with the first checkpoint: a failed start locks nothing.
+    assert not (model_dir / "config.json").exists() and not (model_dir / "summary.json").exists()
+    assert not (model_dir / "run.lock").exists()
+
+
+def _copy_of(finished_run, tmp_path):
+    import shutil
+
+    model_dir, _ = finished_run
+    copy = tmp_path / "copy"
+    shutil.copytree(model_dir, copy)
+    return copy
+
+
+def _model_of(model_dir):
+    config = train.Config(
+        **{
+            k: v
+            for k, v in json.loads((model_dir / "config.json").read_text()).items()
+            if k != "data"
+        }
+    )
+    schedule = keras_lars.WarmupPolyDecay(1.0, 0, 10)
+    return train.compiled_model(config, 10, schedule)
+
+
+def test_an_unusable_latest_checkpoint_falls_back_to_the_previous_one(
+    finished_run, tmp_path, capfd
+):
+    model_dir = _copy_of(finished_run, tmp_path)
+    directory = str(model_dir / "checkpoints")
+    latest = model_dir / "checkpoints" / "ckpt-0002.weights.h5"
+    latest.write_bytes(latest.read_bytes()[:1000])  # truncated by a full disk
+    model = _model_of(model_dir)
+    state = checkpoints.restore(model, directory)
+    assert state["epochs_done"] == 1
+    assert "checkpoint of epoch 2 is unusable" in capfd.readouterr().err
+    expected = h5_arrays(model_dir / "checkpoints" / "ckpt-0001.weights.h5")
+    model.save_weights(str(tmp_path / "loaded.weights.h5"))
+    loaded = h5_arrays(tmp_path / "loaded.weights.h5")
+    for name, value in expected.items():
+        np.testing.assert_array_equal(loaded[name], value, err_msg=name)
+    # Non-finite weights and an unreadable state are unusable too; none left: one error.
+    with h5py.File(model_dir / "checkpoints" / "ckpt-0001.weights.h5", "r+") as f:
+        name = next(
+            n
+            for n, a in h5_arrays(model_dir / "checkpoints" / "ckpt-0001.weights.h5").items()
+            if a.dtype.kind == "f" and a.size
+        )
+        f[name][...] = np.nan
+    assert "non-finite values" in checkpoints.problem(directory, 1)
+    (model_dir / "checkpoints" / "ckpt-0002.json").write_text("{ torn")
+    with pytest.raises(checkpoints.CheckpointError, match="no usable checkpoint in .*ckpt-0002"):
+        checkpoints.restore(_model_of(model_dir), directory)
+
+
+def test_a_checkpoint_that_does_not_fit_the_disk_is_refused_before_writing(
+    finished_run, tmp_path, monkeypatch
+):
+    model_dir = _copy_of(finished_run, tmp_path)
+    model = _model_of(model_dir)
+    model.optimizer.build(model.trainable_variables)
+    usage = collections.namedtuple("usage", "total used free")
+    monkeypatch.setattr(storage.shutil, "disk_usage", lambda path: usage(10**9, 10**9, 10**5))
+    target = tmp_path / "full"
+    with pytest.raises(storage.StorageError, match="cannot write .*full: a checkpoint needs"):
+        checkpoints.save(model, str(target), 3, {"epochs_done": 3, "history": []})
+    assert not target.exists() or os.listdir(target) == []
+
+
+def test_a_second_run_on_one_model_dir_is_refused_and_stale_locks_are_replaced(tmp_path, capsys):
+    with storage.exclusive(str(tmp_path)):
+        lock = json.loads((tmp_path / "run.lock").read_text())
+        assert lock["pid"] == os.getpid()
+        with pytest.raises(storage.StorageError, match=f"in use by pid {os.getpid()} on host"):
+            with storage.exclusive(str(tmp_path)):
+                pass
+    assert not (tmp_path / "run.lock").exists()
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    (tmp_path / "run.lock").write_text(
+        json.dumps({"pid": gone.pid, "host": socket.gethostname(), "since": "earlier"})
+    )
+    with storage.exclusive(str(tmp_path)):
+        assert json.loads((tmp_path / "run.lock").read_text())["pid"] == os.getpid()
+    assert f"removing the stale lock of pid {gone.pid}" in capsys.readouterr().out
+
+
+def test_leftovers_are_removed_and_other_data_is_refused(finished_run, tmp_path):
+    model_dir = _copy_of(finished_run, tmp_path)
+    leftover = model_dir / "checkpoints" / "partial-ckpt-0003.weights.h5"
+    leftover.write_bytes(b"half a file")
+    config = train.Config(train_epochs=2, model_dir=str(model_dir))
+    info = input_pipeline.DatasetInfo("digits", 1438, 359, 10)
+    assert train.prepare_model_dir(config, info)["data"] == {
+        "num_classes": 10,
+        "num_train": 1438,
+        "num_eval": 359,
+    }
+    assert not leftover.exists()
+    other = input_pipeline.DatasetInfo("digits", 1438, 359, 12)
+    with pytest.raises(train.ConfigError, match="other settings .*data: .*num_classes.: 10"):
+        train.prepare_model_dir(config, other)

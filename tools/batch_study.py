@@ -109,6 +109,7 @@ PER_CELL = (
     "train_steps",
     "eval",
     "trust_ratio_log_every",
+    "stop_on_divergence",  # off: a cell that diverges is a result (chance accuracy)
 )
 
 
@@ -296,6 +297,7 @@ def cell_config(study, optimizer, batch_size, seed):
         base_learning_rate=base,
         lr_scaling=rule,
         model_dir=study.study_dir,
+        stop_on_divergence=False,
     )
 
 
@@ -690,7 +692,7 @@ def main(argv):
     tf.get_logger().setLevel("ERROR")
     try:
         run_study(study_from_flags())
-    except (ConfigError, input_pipeline.DataError) as error:
+    except (ConfigError, input_pipeline.DataError, storage.StorageError) as error:
         sys.exit(f"error: {error}")
 
 

@@ -14,7 +14,10 @@ removed. Paths go through `tf.io.gfile`, so the directory may be a bucket.
 
 import os
 import re
+import sys
 
+import h5py
+import numpy as np
 import tensorflow as tf
 
 from keras_lars.distribute import save_on_chief
@@ -22,11 +25,20 @@ from keras_lars.tools import storage
 
 _NAME = re.compile(r"^ckpt-(\d+)\.weights\.h5$")
 KEEP = 2
+SPACE_MARGIN = 1.25  # free space asked for, relative to the variables' bytes
+
+
+class CheckpointError(Exception):
+    """No usable checkpoint where there should be one; names the files."""
+
+
+def stem(directory, epoch):
+    """The checkpoint after `epoch`: this path + .json and + .weights.h5."""
+    return os.path.join(directory, f"ckpt-{epoch:04d}")
 
 
 def _paths(directory, epoch):
-    stem = os.path.join(directory, f"ckpt-{epoch:04d}")
-    return stem + ".json", stem + ".weights.h5"
+    return stem(directory, epoch) + ".json", stem(directory, epoch) + ".weights.h5"
 
 
 def epochs_saved(directory):
@@ -43,6 +55,10 @@ def save(model, directory, epoch, state, strategy=None):
 
     def write(directory):
         state_path, weights_path = _paths(directory, epoch)
+        tf.io.gfile.makedirs(directory)
+        variables = list(model.variables) + list(model.optimizer.variables)
+        size = sum(np.prod(v.shape) * np.dtype(v.dtype).itemsize for v in variables)
+        storage.check_space(directory, int(SPACE_MARGIN * size) + 2**20)
         storage.write_json(state_path, state, indent=None)
         storage.write_atomically(weights_path, model.save_weights)
         for old in epochs_saved(directory)[:-KEEP]:
@@ -53,14 +69,64 @@ def save(model, directory, epoch, state, strategy=None):
     save_on_chief(write, directory, strategy)
 
 
+def problem(directory, epoch):
+    """Why the checkpoint after `epoch` cannot be loaded, or None: its state
+    must parse and its weights file must open with every array finite."""
+    state_path, weights_path = _paths(directory, epoch)
+    try:
+        state = storage.read_json(state_path)
+        if state.get("epochs_done") != epoch:
+            return f"{state_path} is not the state of epoch {epoch}"
+    except (ValueError, AttributeError, tf.errors.OpError) as error:
+        return f"{state_path}: {storage.reason(error)}"
+    bad = []
+    try:
+        with tf.io.gfile.GFile(weights_path, "rb") as f, h5py.File(f, "r") as weights:
+
+            def check(name, item):
+                floats = isinstance(item, h5py.Dataset) and item.dtype.kind == "f"
+                if floats and not np.isfinite(item[()]).all():
+                    bad.append(name)
+
+            weights.visititems(check)
+    except (OSError, ValueError, tf.errors.OpError) as error:
+        return f"{weights_path}: {storage.reason(error)}"
+    if bad:
+        return f"{weights_path}: non-finite values in {bad[0]}"
+    return None
+
+
 def restore(model, directory):
-    """Loads the latest checkpoint into `model` (whose optimizer is built
-    here); returns its state dict, or None if there is none."""
+    """Loads the latest usable checkpoint into `model` (whose optimizer is
+    built here) and returns its state dict, or None if there is none. A
+    checkpoint that fails `problem` is reported on stderr and the previous
+    one is tried; CheckpointError if none is usable."""
     saved = epochs_saved(directory)
-    if not saved:
-        return None
-    state_path, weights_path = _paths(directory, saved[-1])
-    state = storage.read_json(state_path)
-    model.optimizer.build(model.trainable_variables)
-    model.load_weights(weights_path)
-    return state
+    problems = []
+    for epoch in reversed(saved):
+        found = problem(directory, epoch)
+        if found:
+            problems.append(found)
+            print(
+                f"warning: checkpoint of epoch {epoch} is unusable ({found}); "
+                "trying the one before",
+                file=sys.stderr,
+                flush=True,
+            )
+            continue
+        state_path, weights_path = _paths(directory, epoch)
+        model.optimizer.build(model.trainable_variables)
+        try:
+            model.load_weights(weights_path)
+        except ValueError as error:
+            raise CheckpointError(
+                f"{weights_path} does not fit this model ({storage.reason(error)}): "
+                "was the run started with other data or settings?"
+            ) from None
+        return storage.read_json(state_path)
+    if problems:
+        raise CheckpointError(
+            f"no usable checkpoint in {directory} ({'; '.join(problems)}); move the "
+            "directory aside to start the run over"
+        )
+    return None

@@ -11,10 +11,24 @@ matches it.
 import contextlib
 import json
 import os
+import shutil
+import socket
+import time
 
 import tensorflow as tf
 
 PARTIAL_PREFIX = "partial-"
+LOCK_FILE = "run.lock"
+
+
+class StorageError(Exception):
+    """A file that cannot be written or a directory in use; the message
+    names the path."""
+
+
+def reason(error):
+    message = (getattr(error, "message", None) or str(error)).strip()
+    return message.splitlines()[0] if message else type(error).__name__
 
 
 def partial_path(path):
@@ -34,20 +48,59 @@ def discard(path):
         tf.io.gfile.remove(partial_path(path))
 
 
+def _discard_quietly(path):
+    with contextlib.suppress(OSError, tf.errors.OpError):
+        discard(path)
+
+
+def remove_partials(directory):
+    """Removes the temporary files a killed write left in `directory`."""
+    if tf.io.gfile.isdir(directory):
+        for name in tf.io.gfile.listdir(directory):
+            if name.startswith(PARTIAL_PREFIX):
+                tf.io.gfile.remove(os.path.join(directory, name))
+
+
+def check_writable(directory):
+    """Creates `directory` and writes and removes a file in it; StorageError
+    naming the path if that fails (before any training is spent)."""
+    probe = os.path.join(directory, "write-check")
+    with atomic_file(probe) as f:
+        f.write("keras_lars write check\n")
+    tf.io.gfile.remove(probe)
+
+
+def check_space(directory, needed_bytes):
+    """StorageError if the local disk of `directory` has less than
+    `needed_bytes` free (a full disk makes h5py crash mid-write). Buckets
+    and other remote paths are not checked."""
+    if "://" in directory:
+        return
+    free = shutil.disk_usage(directory).free
+    if free < needed_bytes:
+        raise StorageError(
+            f"cannot write {directory}: a checkpoint needs about {needed_bytes / 2**20:.0f} MB, "
+            f"{free / 2**20:.0f} MB are free there"
+        )
+
+
 @contextlib.contextmanager
 def staged(path):
     """`with staged(path) as temporary:` write the file `temporary`; it is
     renamed to `path` when the block succeeds and removed when it fails
     (`path` is then left as it was)."""
-    folder = os.path.dirname(path)
-    if folder:
-        tf.io.gfile.makedirs(folder)
     try:
+        folder = os.path.dirname(path)
+        if folder:
+            tf.io.gfile.makedirs(folder)
         yield partial_path(path)
+        publish(path)
+    except (OSError, tf.errors.OpError) as error:
+        _discard_quietly(path)
+        raise StorageError(f"cannot write {path}: {reason(error)}") from None
     except BaseException:
-        discard(path)
+        _discard_quietly(path)
         raise
-    publish(path)
 
 
 def write_atomically(path, write):
@@ -73,3 +126,46 @@ def write_json(path, value, indent=1, allow_nan=True):
 def read_json(path):
     with tf.io.gfile.GFile(path) as f:
         return json.load(f)
+
+
+def _process_alive(pid):
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+@contextlib.contextmanager
+def exclusive(directory, flag="--model_dir"):
+    """Holds `directory`/run.lock (pid, host, start time) for the block, so a
+    second run on the same directory refuses at once. A lock left by a dead
+    process of this host is replaced (and said); a lock of another host is
+    reported with its owner."""
+    path = os.path.join(directory, LOCK_FILE)
+    owner = {"pid": os.getpid(), "host": socket.gethostname(), "since": time.strftime("%c")}
+    if tf.io.gfile.exists(path):
+        try:
+            held = read_json(path)
+        except (ValueError, tf.errors.OpError):
+            held = {}
+        same_host = held.get("host") == owner["host"]
+        if same_host and isinstance(held.get("pid"), int) and not _process_alive(held["pid"]):
+            print(
+                f"removing the stale lock of pid {held['pid']} (no longer running): {path}",
+                flush=True,
+            )
+        else:
+            raise StorageError(
+                f"{flag}={directory} is in use by pid {held.get('pid', '?')} on host "
+                f"{held.get('host', '?')} (since {held.get('since', '?')}); stop that run, or "
+                f"if it is gone remove {path}"
+            )
+    write_json(path, owner)
+    try:
+        yield
+    finally:
+        with contextlib.suppress(OSError, tf.errors.OpError):
+            tf.io.gfile.remove(path)

@@ -27,6 +27,7 @@ defined only by `run`) -> data, strategy, model, optimizer -> fit with
 checkpoints -> summary. Importing this module has no side effects.
 """
 
+import contextlib
 import dataclasses
 import importlib.util
 import math
@@ -226,6 +227,12 @@ class Config:
         False, "Debugging: run the train step eagerly (no tracing).", resumable=True
     )
     seed: int = setting(0, "Seed of the weights, data order and augmentation.")
+    stop_on_divergence: bool = setting(
+        True,
+        "Stop with an error at the first non-finite loss or variable "
+        "(keras_lars.DivergenceGuard); nothing non-finite is checkpointed.",
+        resumable=True,
+    )
     trust_ratio_log_every: int = setting(
         0,
         "If > 0, log LARS/LAMB per-layer trust ratios to TensorBoard every that many "
@@ -431,10 +438,10 @@ class RunState(keras.callbacks.Callback):
     adds the learning rate to the logs; keeps the history and the training
     throughput; stops at the planned step count; saves a checkpoint."""
 
-    def __init__(self, config, plan, schedule, state, strategy):
+    def __init__(self, config, plan, schedule, state, strategy, record):
         super().__init__()
         self.config, self.plan, self.schedule = config, plan, schedule
-        self.state, self.strategy = state, strategy
+        self.state, self.strategy, self.record = state, strategy, record
 
     def on_epoch_begin(self, epoch, logs=None):
         for variable in self.model.variables:
@@ -478,6 +485,9 @@ class RunState(keras.callbacks.Callback):
             )
         self.state["history"].append(record)
         self.state["epochs_done"] = epoch + 1
+        config_path = os.path.join(self.config.model_dir, CONFIG_FILE)
+        if keras_lars.distribute.is_chief(self.strategy) and not tf.io.gfile.exists(config_path):
+            storage.write_json(config_path, self.record)  # with the first checkpoint
         checkpoints.save(
             self.model,
             os.path.join(self.config.model_dir, "checkpoints"),
@@ -504,8 +514,10 @@ class ProgressBar(keras.callbacks.ProgbarLogger):
         super().on_epoch_begin(epoch, logs)
 
 
-def make_callbacks(config, plan, schedule, state, strategy):
-    callbacks = [RunState(config, plan, schedule, state, strategy), ProgressBar(plan)]
+def make_callbacks(config, plan, schedule, state, strategy, record):
+    callbacks = [RunState(config, plan, schedule, state, strategy, record), ProgressBar(plan)]
+    if config.stop_on_divergence:  # first: it raises before any checkpoint of the epoch
+        callbacks.insert(0, keras_lars.DivergenceGuard())
     logs = os.path.join(config.model_dir, "logs")
     if not keras_lars.distribute.is_chief(strategy):
         return callbacks  # only the chief writes logs
@@ -527,25 +539,46 @@ def make_callbacks(config, plan, schedule, state, strategy):
 
 
 # --- the model directory ----------------------------------------------------------------
-def check_model_dir(config, strategy=None):
-    """Records the config in model_dir/config.json, or checks that a run
-    already there was started with the same settings (so resuming never
-    mixes two runs and nothing there is overwritten)."""
-    path = os.path.join(config.model_dir, "config.json")
-    current = dataclasses.asdict(config)
-    if tf.io.gfile.exists(path):
-        stored = storage.read_json(path)
-        resumable = {f.name for f in settings.fields(config) if f.metadata["resumable"]}
-        changed = [k for k, v in current.items() if k not in resumable and stored.get(k, v) != v]
-        if changed:
-            details = ", ".join(f"--{k}: {stored[k]!r} there, {current[k]!r} now" for k in changed)
-            raise ConfigError(
-                f"--model_dir={config.model_dir} holds a run with other settings "
-                f"({details}); resume it with its flags or use another --model_dir."
-            )
-        return
+CONFIG_FILE = "config.json"
+
+
+def prepare_model_dir(config, info, strategy=None):
+    """Checks that the model dir can hold this run before anything is
+    trained; returns the record of the run (its settings and the data set's
+    identity) that is written as config.json with the first checkpoint.
+
+    The chief checks that the directory and checkpoints/ are writable and
+    removes temporary files a killed write left there. A run already there
+    must have the same settings (but the resumable ones) and data, so that
+    resuming never mixes two runs."""
+    record = dataclasses.asdict(config)
+    record["data"] = {
+        "num_classes": info.num_classes,
+        "num_train": info.num_train,
+        "num_eval": info.num_eval,
+    }
     if keras_lars.distribute.is_chief(strategy):
-        storage.write_json(path, current)
+        for directory in (config.model_dir, os.path.join(config.model_dir, "checkpoints")):
+            storage.check_writable(directory)
+            storage.remove_partials(directory)
+    path = os.path.join(config.model_dir, CONFIG_FILE)
+    if not tf.io.gfile.exists(path):
+        return record
+    stored = storage.read_json(path)
+    resumable = {f.name for f in settings.fields(config) if f.metadata["resumable"]}
+    changed = [k for k, v in record.items() if k not in resumable and stored.get(k, v) != v]
+    if changed:
+        details = ", ".join(
+            f"data: {stored[k]} there, {record[k]} now"
+            if k == "data"
+            else f"--{k}: {stored[k]!r} there, {record[k]!r} now"
+            for k in changed
+        )
+        raise ConfigError(
+            f"--model_dir={config.model_dir} holds a run with other settings "
+            f"({details}); resume it with its flags or use another --model_dir."
+        )
+    return record
 
 
 # --- the run ---------------------------------------------------------------------------
@@ -575,6 +608,10 @@ def make_strategy(config):
     return strategy
 
 
+class Diverged(Exception):
+    """Training stopped at a non-finite loss or variable (DivergenceGuard)."""
+
+
 def train_and_evaluate(config):
     """Trains (or resumes) the run of `config`; returns its summary dict."""
     started = time.time()
@@ -588,9 +625,16 @@ def train_and_evaluate(config):
             f"the {replicas} replicas of --strategy={config.strategy}."
         )
     data = input_pipeline.load(config)
-    num_classes = data.info.num_classes
     plan = make_plan(config, data.info.num_train)
-    check_model_dir(config, strategy)
+    record = prepare_model_dir(config, data.info, strategy)
+    chief = keras_lars.distribute.is_chief(strategy)
+    with storage.exclusive(config.model_dir) if chief else contextlib.nullcontext():
+        return _train(config, strategy, data, plan, record, started)
+
+
+def _train(config, strategy, data, plan, record, started):
+    num_classes = data.info.num_classes
+    checkpoint_dir = os.path.join(config.model_dir, "checkpoints")
     schedule = keras_lars.WarmupPolyDecay(
         config.peak_learning_rate,
         plan.warmup_steps,
@@ -601,7 +645,7 @@ def train_and_evaluate(config):
 
     with strategy.scope():
         model = compiled_model(config, num_classes, schedule)
-        state = checkpoints.restore(model, os.path.join(config.model_dir, "checkpoints"))
+        state = checkpoints.restore(model, checkpoint_dir)
     state = state or {"epochs_done": 0, "history": []}
     start = state["epochs_done"]
     if start:
@@ -621,7 +665,7 @@ def train_and_evaluate(config):
                 return data.eval(config.global_batch_size, context)
 
             validation = strategy.distribute_datasets_from_function(evaluation)
-        callbacks = make_callbacks(config, plan, schedule, state, strategy)
+        callbacks = make_callbacks(config, plan, schedule, state, strategy, record)
         try:
             model.fit(
                 train,
@@ -640,6 +684,14 @@ def train_and_evaluate(config):
         except (tf.errors.InvalidArgumentError, tf.errors.DataLossError) as error:
             _explain_data_error(data, config, error)
             raise
+        except keras_lars.NonFiniteLossError as error:
+            saved = checkpoints.epochs_saved(checkpoint_dir)
+            last = (
+                f"{checkpoints.stem(checkpoint_dir, saved[-1])} (epoch {saved[-1]})"
+                if saved
+                else "none (no epoch finished)"
+            )
+            raise Diverged(f"{error}; last good checkpoint: {last}") from None
     return write_summary(config, plan, state, time.time() - started, strategy)
 
 
@@ -702,7 +754,13 @@ def main(argv):
         )
     try:
         train_and_evaluate(config_from_flags(*settings.from_flags(Config)))
-    except (ConfigError, input_pipeline.DataError) as error:
+    except (
+        ConfigError,
+        Diverged,
+        input_pipeline.DataError,
+        storage.StorageError,
+        checkpoints.CheckpointError,
+    ) as error:
         sys.exit(f"error: {error}")
 
 
