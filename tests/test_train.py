@@ -351,6 +351,16 @@ def test_make_tfrecords_errors_name_the_file_or_folder(tmp_path):
         make_tfrecords.convert(str(tmp_path / "empty"), str(tmp_path / "r2"))
     with pytest.raises(make_tfrecords.ConversionError, match="no class folders"):
         make_tfrecords.convert(str(tmp_path / "empty" / "class_a"), str(tmp_path / "r3"))
+    # Hidden folders are not classes; one data set keeps one label convention.
+    os.makedirs(os.path.join(source, ".ipynb_checkpoints"))
+    os.remove(os.path.join(source, "zebra", "z.png"))
+    os.rmdir(os.path.join(source, "zebra"))
+    assert make_tfrecords.list_examples(source)[1] == [f"class_{k}" for k in range(4)]
+    with pytest.raises(make_tfrecords.ConversionError, match="--first_label=0: .*--first_label=1"):
+        make_tfrecords.convert(source, out, "validation", first_label=0)
+    (tmp_path / "a_file").write_text("not a folder")
+    with pytest.raises(make_tfrecords.ConversionError, match="a_file.*cannot be created"):
+        make_tfrecords.convert(source, str(tmp_path / "a_file" / "out"))
 
 
 # --- flags and config -----------------------------------------------------------------
@@ -655,6 +665,17 @@ def test_bad_input_is_one_line_naming_the_flag_or_file(finished_run, records, tm
         [example(jpeg, 1 + i % 2) if i != 5 else example(b"\xff\xd8 broken", 1) for i in range(12)],
     )
     write_records(middle / "validation-00000-of-00001", [example(jpeg, 1)])
+    png = tmp_path / "png_inside"  # decode_jpeg reads PNG; training's decoder does not
+    png.mkdir()
+    out = io.BytesIO()
+    Image.fromarray(np.full((24, 24, 3), 90, np.uint8)).save(out, format="PNG")
+    write_records(png / "train-00000-of-00001", [example(out.getvalue(), 1)])
+    write_records(png / "validation-00000-of-00001", [example(jpeg, 1)])
+    folder = tmp_path / "folder_shard"
+    folder.mkdir()
+    write_records(folder / "train-00000-of-00002", [example(jpeg, 1)])
+    (folder / "train-00001-of-00002").mkdir()
+    write_records(folder / "validation-00000-of-00001", [example(jpeg, 1)])
     imagenet = [
         "--dataset=imagenet",
         "--image_size=16",
@@ -682,6 +703,17 @@ def test_bad_input_is_one_line_naming_the_flag_or_file(finished_run, records, tm
             "bad_middle/train-00000-of-00001: record 5",
             "JPEG",
         ),
+        (
+            imagenet + [f"--data_dir={png}"],
+            "png_inside/train-00000-of-00001",
+            "not a readable JPEG",
+        ),
+        (imagenet + [f"--data_dir={folder}"], "folder_shard/train-00001-of-00002", "directory"),
+        (["--warmup_epochs=inf"], "--warmup_epochs=inf", "finite"),
+        (["--base_learning_rate=nan"], "--base_learning_rate=nan", "finite"),
+        (["--seed=-1"], "--seed=-1", "between 0 and"),
+        (["--image_size=100000"], "--image_size=100000", "between 8 and 4096"),
+        (["--strategy=tpu", "--tpu=local"], "--strategy=tpu --tpu=local", "cannot start"),
         (["--base_learning_rate=0"], "--base_learning_rate=0", "> 0"),
         (["--base_learning_rate=-2", "--optimizer=sgd"], "--base_learning_rate=-2", "> 0"),
         (["--warmup_epochs=20", "--train_epochs=3"], "--warmup_epochs=20", "longer"),
@@ -850,3 +882,39 @@ def test_leftovers_are_removed_and_other_data_is_refused(finished_run, tmp_path)
     other = input_pipeline.DatasetInfo("digits", 1438, 359, 12)
     with pytest.raises(train.ConfigError, match="other settings .*data: .*num_classes.: 10"):
         train.prepare_model_dir(config, other)
+
+
+def test_records_without_dataset_json_are_counted_and_noeval_needs_no_validation(
+    records, tmp_path, capsys
+):
+    import shutil
+
+    copy = tmp_path / "copy"
+    shutil.copytree(records, copy)
+    os.remove(copy / "dataset.json")
+    data = input_pipeline.ImageNetRecords(str(copy), image_size=16)
+    assert (data.info.num_train, data.info.num_eval, data.info.num_classes) == (240, 60, 4)
+    assert "counting the records" in capsys.readouterr().out
+    for path in copy.glob("validation-*"):
+        os.remove(path)
+    with pytest.raises(input_pipeline.DataError, match="validation-"):
+        input_pipeline.ImageNetRecords(str(copy), image_size=16, num_classes=4, train_examples=240)
+    data = input_pipeline.ImageNetRecords(str(copy), eval=False, image_size=16)
+    assert data.info.num_eval == 0 and data.info.eval_files == ()
+
+
+def test_images_per_second_with_one_execution_per_epoch(tmp_path):
+    process = run_tool(
+        [
+            "--model=alexnet",
+            "--train_epochs=2",
+            "--warmup_epochs=1",
+            "--steps_per_execution=11",
+            "--base_learning_rate=1",
+            f"--model_dir={tmp_path / 'run'}",
+        ]
+    )
+    assert process.returncode == 0, process.stderr[-3000:]
+    history = json.loads((tmp_path / "run" / "summary.json").read_text())["history"]
+    assert "images_per_second" not in history[0]  # the first epoch traces
+    assert history[1]["images_per_second"] > 0

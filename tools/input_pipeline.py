@@ -143,9 +143,12 @@ def parse_record(record, label_offset, num_classes):
         return tf.identity(features["image/encoded"]), label
 
 
-def record_problem(record, label_offset, num_classes):
+def record_problem(record, label_offset, num_classes, decode=True):
     """Why the serialized `record` (eager) is not a usable ImageNet-format
-    example, or None if it is."""
+    example, or None if it is. The image is checked with the ops training
+    uses (`extract_jpeg_shape`, then with `decode` the whole
+    `decode_and_crop_jpeg`), which refuse PNG and other formats that
+    `decode_jpeg` would accept."""
     try:
         features = tf.io.parse_single_example(record, _FEATURES)
     except tf.errors.InvalidArgumentError as error:
@@ -153,8 +156,12 @@ def record_problem(record, label_offset, num_classes):
             "not an ImageNet-format example (image/encoded JPEG bytes, "
             f"image/class/label int64): {first_line(error)}"
         )
+    jpeg = features["image/encoded"]
     try:
-        tf.io.decode_jpeg(features["image/encoded"], channels=3)
+        shape = tf.image.extract_jpeg_shape(jpeg)
+        if decode:
+            window = tf.stack([0, 0, shape[0], shape[1]])
+            tf.image.decode_and_crop_jpeg(jpeg, window, channels=3)
     except tf.errors.InvalidArgumentError as error:
         return f"image/encoded is not a readable JPEG: {first_line(error)}"
     label = int(features["image/class/label"])
@@ -182,17 +189,20 @@ def validate_files(files, label_offset, num_classes):
 
 
 def find_bad_record(files, label_offset, num_classes):
-    """(path, record index, problem) of the first bad record, or None.
-    Reads and decodes every record: only for reporting a failure."""
-    for path in files:
-        index = -1
-        try:
-            for index, record in enumerate(tf.data.TFRecordDataset(path)):
-                problem = record_problem(record, label_offset, num_classes)
-                if problem:
-                    return path, index, problem
-        except (tf.errors.DataLossError, tf.errors.InvalidArgumentError) as error:
-            return path, index + 1, f"unreadable TFRecord data: {first_line(error)}"
+    """(path, record index, problem) of the first bad record, or None; only
+    for reporting a failure. A first pass reads every record's features and
+    JPEG header (no image is decoded); only if that finds nothing, a second
+    pass decodes every image."""
+    for decode in (False, True):
+        for path in files:
+            index = -1
+            try:
+                for index, record in enumerate(tf.data.TFRecordDataset(path)):
+                    problem = record_problem(record, label_offset, num_classes, decode)
+                    if problem:
+                        return path, index, problem
+            except (tf.errors.DataLossError, tf.errors.InvalidArgumentError) as error:
+                return path, index + 1, f"unreadable TFRecord data: {first_line(error)}"
     return None
 
 
@@ -208,6 +218,11 @@ def list_files(data_dir, pattern):
     files = sorted(tf.io.gfile.glob(os.path.join(data_dir, pattern)))
     if not files:
         raise DataError(f"--data_dir={data_dir}: no file matches {os.path.join(data_dir, pattern)}")
+    for path in files:
+        if tf.io.gfile.isdir(path):
+            raise DataError(f"{path} is a directory, not a TFRecord file.")
+        if not tf.io.gfile.exists(path):
+            raise DataError(f"{path} cannot be read (a link to a missing file?).")
     return tuple(files)
 
 
@@ -450,8 +465,10 @@ class ImageNetRecords(_Source):
 
     The first record of every file is checked here (DataError naming the
     file). Counts and classes: the arguments if > 0, else
-    `data_dir/dataset.json` (written by keras-lars-make-tfrecords), else
-    ImageNet's 1281167 / 50000 / 1000.
+    `data_dir/dataset.json` (written by keras-lars-make-tfrecords); without
+    it, ImageNet's 1281167 / 50000 / 1000 for the 1024 + 128 shards that
+    tensorflow/tpu's imagenet_to_gcs.py writes, else counted from the
+    records (saying so). With eval=False no validation-* is needed.
     """
 
     required_settings = ("data_dir",)
@@ -459,6 +476,7 @@ class ImageNetRecords(_Source):
     def __init__(
         self,
         data_dir=None,
+        eval=True,
         image_size=224,
         seed=0,
         label_offset=1,
@@ -468,13 +486,15 @@ class ImageNetRecords(_Source):
     ):
         self.image_size, self.seed, self.label_offset = image_size, seed, label_offset
         train_files = list_files(data_dir, TRAIN_PATTERN)
-        eval_files = list_files(data_dir, EVAL_PATTERN)
+        eval_files = list_files(data_dir, EVAL_PATTERN) if eval else ()
         stored = _read_info(data_dir)
+        if not stored and not (train_examples and num_classes and (eval_examples or not eval)):
+            stored = _infer_info(data_dir, train_files, eval_files, label_offset)
         self.info = DatasetInfo(
             "imagenet",
-            train_examples or stored.get("train", IMAGENET_TRAIN_EXAMPLES),
-            eval_examples or stored.get("validation", IMAGENET_EVAL_EXAMPLES),
-            num_classes or stored.get("num_classes", IMAGENET_CLASSES),
+            train_examples or _count(stored, "train", data_dir),
+            (eval_examples or _count(stored, "validation", data_dir)) if eval else 0,
+            num_classes or _count(stored, "num_classes", data_dir),
             train_files,
             eval_files,
         )
@@ -523,6 +543,64 @@ def _per_replica(global_batch_size, input_context):
     if input_context is None:
         return global_batch_size
     return input_context.get_per_replica_batch_size(global_batch_size)
+
+
+IMAGENET_SHARDS = (1024, 128)  # train-*, validation-* of tensorflow/tpu's imagenet_to_gcs.py
+
+
+def _infer_info(data_dir, train_files, eval_files, label_offset):
+    """Counts and classes of records without a dataset.json (see ImageNetRecords)."""
+    if (len(train_files), len(eval_files)) == IMAGENET_SHARDS:
+        print(
+            f"{data_dir} has no {INFO_FILE}; its 1024 + 128 shards are ImageNet's layout: "
+            f"using ImageNet's counts and classes",
+            flush=True,
+        )
+        return {
+            "train": IMAGENET_TRAIN_EXAMPLES,
+            "validation": IMAGENET_EVAL_EXAMPLES,
+            "num_classes": IMAGENET_CLASSES,
+        }
+    print(
+        f"{data_dir} has no {INFO_FILE}: counting the records of its "
+        f"{len(train_files) + len(eval_files)} files (keras-lars-make-tfrecords writes one; "
+        "or give --train_examples, --eval_examples and --num_classes)",
+        flush=True,
+    )
+    label = {"image/class/label": _FEATURES["image/class/label"]}
+
+    def count(files):
+        """(records, largest label) of `files`."""
+        total, top = 0, -1
+        for path in files:
+            labels = tf.data.TFRecordDataset(path).map(
+                lambda r: tf.io.parse_single_example(r, label)["image/class/label"]
+            )
+            try:
+                n, high = labels.reduce(
+                    (tf.constant(0, tf.int64), tf.constant(-1, tf.int64)),
+                    lambda acc, y: (acc[0] + 1, tf.maximum(acc[1], y)),
+                )
+            except (tf.errors.DataLossError, tf.errors.InvalidArgumentError) as error:
+                raise DataError(
+                    f"{path} is not a TFRecord file of ImageNet-format examples: "
+                    f"{first_line(error)}"
+                ) from None
+            total, top = total + int(n), max(top, int(high))
+        return total, top
+
+    train, top = count(train_files)
+    validation, _ = count(eval_files)
+    return {"train": train, "validation": validation, "num_classes": top - label_offset + 1}
+
+
+def _count(info, key, data_dir):
+    if key not in info:
+        raise DataError(
+            f"{os.path.join(data_dir, INFO_FILE)} has no {key!r}: convert that split with "
+            "keras-lars-make-tfrecords, or give the count as a flag"
+        )
+    return info[key]
 
 
 def _read_info(data_dir):

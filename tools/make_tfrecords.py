@@ -94,7 +94,12 @@ def list_examples(input_dir, labels=None):
     """
     if not os.path.isdir(input_dir):
         raise ConversionError(f"--input_dir={input_dir} is not a folder.")
-    folders = sorted(entry.name for entry in os.scandir(input_dir) if entry.is_dir())
+    # Hidden folders (.ipynb_checkpoints, .git, ...) are not classes.
+    folders = sorted(
+        entry.name
+        for entry in os.scandir(input_dir)
+        if entry.is_dir() and not entry.name.startswith(".")
+    )
     if not folders:
         raise ConversionError(
             f"--input_dir={input_dir} has no class folders (expected one folder of "
@@ -111,7 +116,9 @@ def list_examples(input_dir, labels=None):
                 f"({len(classes)} classes); convert into a new --output_dir."
             )
         images = sorted(
-            name for name in os.listdir(path) if name.lower().endswith(IMAGE_EXTENSIONS)
+            name
+            for name in os.listdir(path)
+            if name.lower().endswith(IMAGE_EXTENSIONS) and not name.startswith(".")
         )
         if not images:
             raise ConversionError(
@@ -125,9 +132,9 @@ def jpeg_example(path, label, synset, quality):
     """(serialized tf.train.Example bytes) of the image at `path`."""
     from PIL import Image
 
-    with open(path, "rb") as f:
-        data = f.read()
     try:
+        with open(path, "rb") as f:
+            data = f.read()
         with Image.open(io.BytesIO(data)) as image:
             image.load()
             keep = image.format == "JPEG" and image.mode in ("RGB", "L")
@@ -178,7 +185,20 @@ def convert(
 ):
     """Writes the shards of `split`; returns the number of examples."""
     gfile = tf.io.gfile
-    gfile.makedirs(output_dir)
+    try:
+        gfile.makedirs(output_dir)
+    except (OSError, tf.errors.OpError) as error:
+        raise ConversionError(
+            f"--output_dir={output_dir} cannot be created: {storage.reason(error)}"
+        ) from None
+    info_path = os.path.join(output_dir, INFO_FILE)
+    info = storage.read_json(info_path) if gfile.exists(info_path) else {}
+    if info.get("first_label", first_label) != first_label:
+        raise ConversionError(
+            f"--first_label={first_label}: the shards already in {output_dir} were written "
+            f"with --first_label={info['first_label']} (its {INFO_FILE}); one data set has "
+            "one label convention"
+        )
     labels_path = os.path.join(output_dir, LABELS_FILE)
     labels = None
     if gfile.exists(labels_path):
@@ -221,8 +241,6 @@ def convert(
     if labels is None:
         with storage.atomic_file(labels_path) as f:
             f.write("".join(name + "\n" for name in classes))
-    info_path = os.path.join(output_dir, INFO_FILE)
-    info = storage.read_json(info_path) if gfile.exists(info_path) else {}
     info.update({split: len(examples), "num_classes": len(classes), "first_label": first_label})
     storage.write_json(info_path, info)
     return len(examples)
@@ -242,7 +260,7 @@ def main(argv):
             options.jpeg_quality,
             options.workers or os.cpu_count() or 1,
         )
-    except (settings.ConfigError, ConversionError) as error:
+    except (settings.ConfigError, ConversionError, storage.StorageError) as error:
         sys.exit(f"error: {error}")
     print(
         f"wrote {count} examples to {options.output_dir}/{options.split}-*; train with "

@@ -17,6 +17,7 @@ value misses ("must be >= 1"); `check(config)` raises ConfigError
 """
 
 import dataclasses
+import math
 import sys
 import typing
 
@@ -49,6 +50,13 @@ def greater_than(bound):
 def in_interval(low, high):
     """low <= value < high."""
     return lambda value, config: None if low <= value < high else f"must be in [{low}, {high})"
+
+
+def between(low, high):
+    """low <= value <= high."""
+    return lambda value, config: (
+        None if low <= value <= high else f"must be between {low} and {high}"
+    )
 
 
 def one_of(*allowed):
@@ -93,6 +101,8 @@ def check(config):
                 problem = "must be a list"
         elif not isinstance(value, kind) or (kind is not bool and isinstance(value, bool)):
             problem = f"must be of type {kind.__name__}"
+        elif kind is float and not math.isfinite(value):
+            problem = "must be a finite number"
         choices = field.metadata["choices"]
         if problem is None and choices:
             items = value if kind is tuple else (value,)

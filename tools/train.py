@@ -47,6 +47,7 @@ from keras_lars.tools import settings
 from keras_lars.tools import storage
 from keras_lars.tools.settings import ConfigError
 from keras_lars.tools.settings import at_least
+from keras_lars.tools.settings import between
 from keras_lars.tools.settings import greater_than
 from keras_lars.tools.settings import in_interval
 from keras_lars.tools.settings import one_of
@@ -196,8 +197,8 @@ class Config:
     )
     image_size: int = setting(
         0,
-        "Input side in pixels; 0: the data set's (32 for digits, 224 otherwise).",
-        check=at_least(8),
+        "Input side in pixels (8 to 4096); 0: the data set's (32 for digits, 224 otherwise).",
+        check=between(8, 4096),
     )
     num_classes: int = setting(
         0, "Classes; 0: the data set's (dataset.json, 1000, 10).", check=at_least(0)
@@ -226,7 +227,9 @@ class Config:
     run_eagerly: bool = setting(
         False, "Debugging: run the train step eagerly (no tracing).", resumable=True
     )
-    seed: int = setting(0, "Seed of the weights, data order and augmentation.")
+    seed: int = setting(
+        0, "Seed of the weights, data order and augmentation.", check=between(0, 2**31 - 1)
+    )
     stop_on_divergence: bool = setting(
         True,
         "Stop with an error at the first non-finite loss or variable "
@@ -442,6 +445,7 @@ class RunState(keras.callbacks.Callback):
         super().__init__()
         self.config, self.plan, self.schedule = config, plan, schedule
         self.state, self.strategy, self.record = state, strategy, record
+        self._traced = False  # an epoch ran in this process (its functions are traced)
 
     def on_epoch_begin(self, epoch, logs=None):
         for variable in self.model.variables:
@@ -483,6 +487,14 @@ class RunState(keras.callbacks.Callback):
             record["images_per_second"] = round(
                 (last - first) * self.config.global_batch_size / (t1 - t0), 2
             )
+        elif self._traced and t1 > self._start:
+            # One execution per epoch (steps_per_execution = the epoch's
+            # steps): the whole epoch's steps over its time to the last step,
+            # from the second epoch of this process on (the first traces).
+            record["images_per_second"] = round(
+                last * self.config.global_batch_size / (t1 - self._start), 2
+            )
+        self._traced = True
         self.state["history"].append(record)
         self.state["epochs_done"] = epoch + 1
         config_path = os.path.join(self.config.model_dir, CONFIG_FILE)
@@ -588,6 +600,11 @@ def make_strategy(config):
         strategy = keras_lars.make_strategy(config.strategy, tpu_address=config.tpu)
     except (ValueError, keras_lars.compat.UnsupportedVersionError) as error:
         raise ConfigError(f"--strategy={config.strategy}: {error}") from None
+    except (RuntimeError, tf.errors.OpError) as error:  # e.g. no TPU at --tpu
+        where = f" --tpu={config.tpu}" if config.strategy == "tpu" else ""
+        raise ConfigError(
+            f"--strategy={config.strategy}{where}: cannot start it: {storage.reason(error)}"
+        ) from None
     replicas = strategy.num_replicas_in_sync
     needs = []
     if strategy is not tf.distribute.get_strategy():  # its input is distributed
