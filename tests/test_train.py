@@ -775,7 +775,7 @@ def test_divergence_stops_with_one_error_line_and_checkpoints_nothing(tmp_path):
     assert len(errors) == 1 and "Traceback" not in process.stderr
     assert re.fullmatch(
         r"error: (loss|val_loss|variable \S+) became non-finite at step \d+ \(epoch 1\); "
-        r"last good checkpoint: none \(no epoch finished\)",
+        r"last good checkpoint: none \(no checkpoint yet\)",
         errors[0],
     ), errors[0]
     assert checkpoints.epochs_saved(str(model_dir / "checkpoints")) == []
@@ -815,7 +815,7 @@ def test_an_unusable_latest_checkpoint_falls_back_to_the_previous_one(
     model = _model_of(model_dir)
     state = checkpoints.restore(model, directory)
     assert state["epochs_done"] == 1
-    assert "checkpoint of epoch 2 is unusable" in capfd.readouterr().err
+    assert "ckpt-0002 is unusable" in capfd.readouterr().err
     expected = h5_arrays(model_dir / "checkpoints" / "ckpt-0001.weights.h5")
     model.save_weights(str(tmp_path / "loaded.weights.h5"))
     loaded = h5_arrays(tmp_path / "loaded.weights.h5")
@@ -918,3 +918,60 @@ def test_images_per_second_with_one_execution_per_epoch(tmp_path):
     history = json.loads((tmp_path / "run" / "summary.json").read_text())["history"]
     assert "images_per_second" not in history[0]  # the first epoch traces
     assert history[1]["images_per_second"] > 0
+
+
+def test_sigterm_saves_within_the_epoch_and_the_rerun_ends_as_an_uninterrupted_run(tmp_path):
+    # AlexNet-BN has dropout: the resumed epoch must go on with the same masks
+    # (restored generator state) and the same batches (skipped, not redrawn).
+    args = [
+        "--model=alexnet_bn",
+        "--train_epochs=2",
+        "--warmup_epochs=1",
+        "--global_batch_size=64",
+        "--base_learning_rate=4",
+        "--checkpoint_every_steps=4",
+    ]
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
+    whole, stopped = tmp_path / "whole", tmp_path / "stopped"
+    uninterrupted = subprocess.Popen(
+        tool_command(*args, f"--model_dir={whole}"),
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+    )
+    victim = subprocess.Popen(
+        tool_command(*args, f"--model_dir={stopped}"),
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    first = stopped / "checkpoints" / "ckpt-0000-000004.weights.h5"
+    deadline = time.time() + TIMEOUT
+    while not first.exists() and victim.poll() is None and time.time() < deadline:
+        time.sleep(0.05)
+    victim.send_signal(signal.SIGTERM)
+    _, stderr = victim.communicate(timeout=TIMEOUT)
+    assert victim.returncode == train.EXIT_PREEMPTED, stderr[-3000:]
+    assert "SIGTERM received" in stderr and "preempted: stopped by SIGTERM" in stderr
+    epoch, step = checkpoints.saved(str(stopped / "checkpoints"))[-1]
+    assert epoch == 0 and 4 < step < 22  # inside the first epoch (22 steps)
+    assert not (stopped / "summary.json").exists()
+    resumed = run_tool(args + [f"--model_dir={stopped}"])
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    inside = f", step {step} of epoch {epoch + 1}" if step else ""
+    assert f"resuming {stopped} after epoch {epoch}{inside}" in resumed.stdout
+    assert uninterrupted.wait(TIMEOUT) == 0, uninterrupted.stdout.read()[-3000:]
+
+    summaries = [json.loads((d / "summary.json").read_text()) for d in (whole, stopped)]
+    # Validation metrics, rates and step counts equal; the training metrics of
+    # the interrupted epoch cover only its steps after the resume.
+    keys = ("val_loss", "val_accuracy", "learning_rate", "steps")
+    for a, b in zip(summaries[0]["history"], summaries[1]["history"]):
+        assert {k: a[k] for k in keys} == {k: b[k] for k in keys}
+    weights = [h5_arrays(d / "checkpoints" / "ckpt-0002.weights.h5") for d in (whole, stopped)]
+    assert weights[0].keys() == weights[1].keys() and len(weights[0]) > 20
+    for name in weights[0]:
+        np.testing.assert_array_equal(weights[0][name], weights[1][name], err_msg=name)

@@ -692,6 +692,9 @@ def main(argv):
     tf.get_logger().setLevel("ERROR")
     try:
         run_study(study_from_flags())
+    except train.Preempted as error:
+        print(f"preempted: {error}", file=sys.stderr, flush=True)
+        sys.exit(train.EXIT_PREEMPTED)
     except (ConfigError, input_pipeline.DataError, storage.StorageError) as error:
         sys.exit(f"error: {error}")
 

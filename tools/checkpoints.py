@@ -1,9 +1,13 @@
-"""Epoch checkpoints of the training tool: atomic, the last two kept.
+"""Checkpoints of the training tool: atomic, verified on load, the last two kept.
 
 A checkpoint after epoch e is two files in the checkpoint directory:
 
     ckpt-000e.json          the run's state (epochs done, history so far)
     ckpt-000e.weights.h5    model and optimizer variables (`save_weights`)
+
+and one taken s steps into the epoch after e (step checkpoints, preemption)
+is ckpt-000e-0000ss.json / .weights.h5 (its state has "steps_done": s).
+A position (e, s) orders checkpoints; (e, 0) is the end of epoch e.
 
 The JSON file is written first and each file appears under its final name
 only once complete (`storage.write_atomically`), so a weights file always
@@ -23,7 +27,7 @@ import tensorflow as tf
 from keras_lars.distribute import save_on_chief
 from keras_lars.tools import storage
 
-_NAME = re.compile(r"^ckpt-(\d+)\.weights\.h5$")
+_NAME = re.compile(r"^ckpt-(\d+)(?:-(\d+))?\.weights\.h5$")
 KEEP = 2
 SPACE_MARGIN = 1.25  # free space asked for, relative to the variables' bytes
 
@@ -32,51 +36,57 @@ class CheckpointError(Exception):
     """No usable checkpoint where there should be one; names the files."""
 
 
-def stem(directory, epoch):
-    """The checkpoint after `epoch`: this path + .json and + .weights.h5."""
-    return os.path.join(directory, f"ckpt-{epoch:04d}")
+def stem(directory, epoch, step=0):
+    """The checkpoint at (epoch, step): this path + .json and + .weights.h5."""
+    name = f"ckpt-{epoch:04d}" + (f"-{step:06d}" if step else "")
+    return os.path.join(directory, name)
 
 
-def _paths(directory, epoch):
-    return stem(directory, epoch) + ".json", stem(directory, epoch) + ".weights.h5"
+def _paths(directory, epoch, step=0):
+    return stem(directory, epoch, step) + ".json", stem(directory, epoch, step) + ".weights.h5"
 
 
-def epochs_saved(directory):
-    """Epoch numbers of the complete checkpoints in `directory`, ascending."""
+def saved(directory):
+    """Positions (epoch, step) of the checkpoints in `directory`, ascending."""
     if not tf.io.gfile.isdir(directory):
         return []
     found = (_NAME.match(name) for name in tf.io.gfile.listdir(directory))
-    return sorted(int(match.group(1)) for match in found if match)
+    return sorted((int(m.group(1)), int(m.group(2) or 0)) for m in found if m)
 
 
-def save(model, directory, epoch, state, strategy=None):
-    """Writes the checkpoint after `epoch` epochs; keeps it and the previous
+def epochs_saved(directory):
+    """Epoch numbers of the epoch-end checkpoints in `directory`, ascending."""
+    return [epoch for epoch, step in saved(directory) if step == 0]
+
+
+def save(model, directory, epoch, state, strategy=None, step=0):
+    """Writes the checkpoint at (epoch, step); keeps it and the previous
     one. Only the chief's files are kept (`keras_lars.distribute.save_on_chief`)."""
 
     def write(directory):
-        state_path, weights_path = _paths(directory, epoch)
+        state_path, weights_path = _paths(directory, epoch, step)
         tf.io.gfile.makedirs(directory)
         variables = list(model.variables) + list(model.optimizer.variables)
         size = sum(np.prod(v.shape) * np.dtype(v.dtype).itemsize for v in variables)
         storage.check_space(directory, int(SPACE_MARGIN * size) + 2**20)
         storage.write_json(state_path, state, indent=None)
         storage.write_atomically(weights_path, model.save_weights)
-        for old in epochs_saved(directory)[:-KEEP]:
-            for path in _paths(directory, old):
+        for old in saved(directory)[:-KEEP]:
+            for path in _paths(directory, *old):
                 if tf.io.gfile.exists(path):
                     tf.io.gfile.remove(path)
 
     save_on_chief(write, directory, strategy)
 
 
-def problem(directory, epoch):
-    """Why the checkpoint after `epoch` cannot be loaded, or None: its state
-    must parse and its weights file must open with every array finite."""
-    state_path, weights_path = _paths(directory, epoch)
+def problem(directory, epoch, step=0):
+    """Why the checkpoint at (epoch, step) cannot be loaded, or None: its
+    state must parse and its weights file must open with every array finite."""
+    state_path, weights_path = _paths(directory, epoch, step)
     try:
         state = storage.read_json(state_path)
-        if state.get("epochs_done") != epoch:
-            return f"{state_path} is not the state of epoch {epoch}"
+        if (state.get("epochs_done"), state.get("steps_done", 0)) != (epoch, step):
+            return f"{state_path} is not the state of its position"
     except (ValueError, AttributeError, tf.errors.OpError) as error:
         return f"{state_path}: {storage.reason(error)}"
     bad = []
@@ -101,20 +111,19 @@ def restore(model, directory):
     built here) and returns its state dict, or None if there is none. A
     checkpoint that fails `problem` is reported on stderr and the previous
     one is tried; CheckpointError if none is usable."""
-    saved = epochs_saved(directory)
     problems = []
-    for epoch in reversed(saved):
-        found = problem(directory, epoch)
+    for epoch, step in reversed(saved(directory)):
+        found = problem(directory, epoch, step)
         if found:
             problems.append(found)
             print(
-                f"warning: checkpoint of epoch {epoch} is unusable ({found}); "
+                f"warning: checkpoint {stem(directory, epoch, step)} is unusable ({found}); "
                 "trying the one before",
                 file=sys.stderr,
                 flush=True,
             )
             continue
-        state_path, weights_path = _paths(directory, epoch)
+        state_path, weights_path = _paths(directory, epoch, step)
         model.optimizer.build(model.trainable_variables)
         try:
             model.load_weights(weights_path)

@@ -246,12 +246,22 @@ def _element_seed(seed, epoch, pipeline_id, index):
 
 
 def imagenet_train(
-    files, epoch, batch_size, image_size, seed, label_offset, num_classes, input_context=None
+    files,
+    epoch,
+    batch_size,
+    image_size,
+    seed,
+    label_offset,
+    num_classes,
+    input_context=None,
+    skip_batches=0,
 ):
     """One epoch of training batches (repeated: the caller takes the steps).
 
     Files are sharded per pipeline, then file order, record order (a
     SHUFFLE_BUFFER shuffle) and augmentation follow seeds of (seed, epoch).
+    The first `skip_batches` batches are skipped before decoding (a resume
+    within the epoch); each example keeps its index and so its augmentation.
     """
     files = shard_files(files, input_context)
     pipeline_id = input_context.input_pipeline_id if input_context else 0
@@ -265,7 +275,7 @@ def imagenet_train(
         deterministic=True,
     )
     dataset = dataset.shuffle(SHUFFLE_BUFFER, seed=epoch_seed).repeat()
-    dataset = dataset.enumerate()
+    dataset = dataset.enumerate().skip(skip_batches * batch_size)
 
     def decode(index, record):
         jpeg, label = parse_record(record, label_offset, num_classes)
@@ -347,12 +357,14 @@ def epoch_permutation(num_examples, seed, epoch):
     return np.random.default_rng([seed, epoch]).permutation(num_examples)
 
 
-def arrays_train(images, labels, epoch, batch_size, seed, input_context=None):
+def arrays_train(images, labels, epoch, batch_size, seed, input_context=None, skip_batches=0):
     """One epoch of in-memory examples (tensors) in the order of
-    `epoch_permutation`, every n-th for pipeline i of n; no augmentation."""
+    `epoch_permutation`, every n-th for pipeline i of n, without its first
+    `skip_batches` batches; no augmentation."""
     order = epoch_permutation(int(labels.shape[0]), seed, epoch)
     if input_context is not None:
         order = order[input_context.input_pipeline_id :: input_context.num_input_pipelines]
+    order = order[skip_batches * batch_size :]
     dataset = tf.data.Dataset.from_tensor_slices(order)
     dataset = dataset.batch(batch_size, drop_remainder=True)
     dataset = dataset.map(lambda index: (tf.gather(images, index), tf.gather(labels, index)))
@@ -366,14 +378,15 @@ class DataSource(typing.Protocol):
     Constructed from settings of the tool's Config (its constructor's
     parameter names are Config field names; `load` passes them).
     `train(epoch, ...)` yields at least the epoch's steps of batches of
-    `global_batch_size / num_replicas` examples (the caller takes the steps);
+    `global_batch_size / num_replicas` examples (the caller takes the steps),
+    without the epoch's first `skip_batches` batches (a resume within it);
     `eval(...)` yields `eval_steps(...)` full batches of (images, labels,
     weights) covering the evaluation split once, padding with weight 0.
     """
 
     info: DatasetInfo
 
-    def train(self, epoch, global_batch_size, input_context=None): ...
+    def train(self, epoch, global_batch_size, input_context=None, skip_batches=0): ...
 
     def eval_steps(self, global_batch_size, num_pipelines=1): ...
 
@@ -418,7 +431,7 @@ class Digits(_Source):
             "digits", len(train_labels), len(eval_labels), num_classes or DIGITS_CLASSES
         )
 
-    def train(self, epoch, global_batch_size, input_context=None):
+    def train(self, epoch, global_batch_size, input_context=None, skip_batches=0):
         (images, labels), _ = self.arrays
         return arrays_train(
             images,
@@ -427,6 +440,7 @@ class Digits(_Source):
             _per_replica(global_batch_size, input_context),
             self.seed,
             input_context,
+            skip_batches,
         )
 
     def eval_examples(self, batch, pipeline_id, pipelines, input_context):
@@ -448,7 +462,7 @@ class Synthetic(_Source):
             num_classes or IMAGENET_CLASSES,
         )
 
-    def train(self, epoch, global_batch_size, input_context=None):
+    def train(self, epoch, global_batch_size, input_context=None, skip_batches=0):
         return synthetic(
             _per_replica(global_batch_size, input_context),
             self.image_size,
@@ -500,7 +514,7 @@ class ImageNetRecords(_Source):
         )
         validate_files(train_files + eval_files, label_offset, self.info.num_classes)
 
-    def train(self, epoch, global_batch_size, input_context=None):
+    def train(self, epoch, global_batch_size, input_context=None, skip_batches=0):
         return imagenet_train(
             self.info.train_files,
             epoch,
@@ -510,6 +524,7 @@ class ImageNetRecords(_Source):
             self.label_offset,
             self.info.num_classes,
             input_context,
+            skip_batches,
         )
 
     def eval_share(self, num_pipelines):

@@ -32,7 +32,9 @@ import dataclasses
 import importlib.util
 import math
 import os
+import signal
 import sys
+import threading
 import time
 
 import keras
@@ -218,6 +220,20 @@ class Config:
         "",
         "Checkpoints, TensorBoard logs (logs/), summary.json; rerunning resumes. "
         "Empty: runs/<dataset>.",
+        resumable=True,
+    )
+    checkpoint_every_steps: int = setting(
+        0,
+        "If > 0, also checkpoint within epochs every that many steps (at the next "
+        "execution boundary); a resume continues from the step exactly.",
+        check=at_least(0),
+        resumable=True,
+    )
+    checkpoint_every_minutes: float = setting(
+        0.0,
+        "If > 0, also checkpoint within epochs once that many minutes have passed since "
+        "the last checkpoint.",
+        check=at_least(0),
         resumable=True,
     )
     steps_per_execution: int = setting(
@@ -418,16 +434,18 @@ def compiled_model(config, num_classes, schedule):
 
 
 # --- data as the strategy wants it -------------------------------------------------
-def train_stream(data, plan, start_epoch, global_batch_size):
-    """Returns fn(input_context) -> the batches of epochs start_epoch.. in
-    order, each epoch `data.train(epoch)` cut to its steps."""
+def train_stream(data, plan, start_epoch, global_batch_size, skip=0, end_epoch=None):
+    """Returns fn(input_context) -> the batches of epochs start_epoch ..
+    end_epoch - 1 (default: to the end) in order, each epoch `data.train(epoch)`
+    cut to its steps, the first without its first `skip` steps."""
 
     def make(input_context):
         local_replicas = input_context.num_replicas_in_sync // input_context.num_input_pipelines
         stream = None
-        for epoch in range(start_epoch, plan.epochs):
-            batches = data.train(epoch, global_batch_size, input_context)
-            batches = batches.take(plan.steps_in(epoch) * local_replicas)
+        for epoch in range(start_epoch, end_epoch or plan.epochs):
+            done = skip if epoch == start_epoch else 0
+            batches = data.train(epoch, global_batch_size, input_context, done * local_replicas)
+            batches = batches.take((plan.steps_in(epoch) - done) * local_replicas)
             stream = batches if stream is None else stream.concatenate(batches)
         return stream
 
@@ -435,25 +453,83 @@ def train_stream(data, plan, start_epoch, global_batch_size):
 
 
 # --- callbacks ------------------------------------------------------------------------
+EXIT_PREEMPTED = 75  # the exit status after SIGTERM / SIGINT (EX_TEMPFAIL: run it again)
+
+
+class Preempted(Exception):
+    """Training stopped by SIGTERM or SIGINT after saving a checkpoint."""
+
+
+class Preemption:
+    """Turns SIGTERM and SIGINT into a request that training honours at the
+    next step boundary (a checkpoint, then Preempted). A second SIGINT
+    stops at once (KeyboardInterrupt)."""
+
+    SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
+    def __init__(self):
+        self.signal = None
+
+    def _handle(self, number, frame):
+        if self.signal is not None and number == signal.SIGINT:
+            raise KeyboardInterrupt
+        self.signal = signal.Signals(number).name
+        print(
+            f"{self.signal} received: saving a checkpoint at the next step boundary",
+            file=sys.stderr,
+            flush=True,
+        )
+
+    @contextlib.contextmanager
+    def handling(self, enabled=True):
+        """Handles the signals for the block (only in the main thread)."""
+        if not enabled or threading.current_thread() is not threading.main_thread():
+            yield self
+            return
+        previous = {number: signal.getsignal(number) for number in self.SIGNALS}
+        for number in self.SIGNALS:
+            signal.signal(number, self._handle)
+        try:
+            yield self
+        finally:
+            for number, handler in previous.items():
+                signal.signal(number, handler)
+
+
 class RunState(keras.callbacks.Callback):
     """Per epoch: reseeds the model's random layers (dropout) from (seed,
     epoch) so that a resumed epoch draws what the uninterrupted one drew;
     adds the learning rate to the logs; keeps the history and the training
-    throughput; stops at the planned step count; saves a checkpoint."""
+    throughput; stops at the planned step count; saves a checkpoint at every
+    epoch end, within epochs as --checkpoint_every_steps/_minutes ask, and
+    on SIGTERM/SIGINT (then raises Preempted)."""
 
-    def __init__(self, config, plan, schedule, state, strategy, record):
+    def __init__(self, config, plan, schedule, state, strategy, record, preemption):
         super().__init__()
         self.config, self.plan, self.schedule = config, plan, schedule
         self.state, self.strategy, self.record = state, strategy, record
+        self.preemption = preemption
         self._traced = False  # an epoch ran in this process (its functions are traced)
+        # A resume inside an epoch: (epoch, steps already done in it).
+        self._inside = (state["epochs_done"], state.get("steps_done", 0))
+
+    def on_train_begin(self, logs=None):
+        self._saved_at = (self._step(), time.time())  # (step, time) of the last checkpoint
 
     def on_epoch_begin(self, epoch, logs=None):
-        for variable in self.model.variables:
-            if variable.path.endswith("seed_generator_state"):
+        resumed_steps = self._inside[1] if epoch == self._inside[0] else 0
+        self._inside = (None, 0)
+        # Keras's save_weights leaves out the generators' state: an epoch starts
+        # from (seed, epoch); an epoch resumed inside, from the state saved.
+        saved = self.state.get("seed_generators", {}) if resumed_steps else {}
+        for variable in self._seed_generators():
+            if variable.path in saved:
+                variable.assign(saved[variable.path])
+            else:
                 first = keras.ops.convert_to_numpy(variable)[0]
                 variable.assign([first, (epoch + 1) << 32])
         self._epoch, self._start, self._first_batch = epoch, time.time(), None
-        self._epoch_start_step = self._step()
+        self._epoch_start_step = self._step() - resumed_steps
 
     def _step(self):
         """The optimizer's step count (the inner optimizer's under loss
@@ -471,6 +547,43 @@ class RunState(keras.callbacks.Callback):
         steps = self.plan.steps_in(self._epoch)
         if steps < self.plan.steps_per_epoch and done >= steps:
             self.model.stop_training = True  # the end of a short last epoch
+        if done < steps and self._checkpoint_due():
+            self._save(self._epoch, done)
+            self._stop_if_preempted(done)
+
+    def _checkpoint_due(self):
+        if self.preemption.signal:
+            return True
+        step, (last_step, last_time) = self._step(), self._saved_at
+        every = self.config.checkpoint_every_steps
+        if every and step // every > last_step // every:
+            return True
+        minutes = self.config.checkpoint_every_minutes
+        return bool(minutes) and time.time() - last_time >= 60 * minutes
+
+    def _seed_generators(self):
+        return [v for v in self.model.variables if v.path.endswith("seed_generator_state")]
+
+    def _save(self, epochs_done, steps_done):
+        state = dict(self.state, epochs_done=epochs_done, steps_done=steps_done)
+        state["seed_generators"] = {
+            v.path: keras.ops.convert_to_numpy(v).tolist() for v in self._seed_generators()
+        }
+        config_path = os.path.join(self.config.model_dir, CONFIG_FILE)
+        if keras_lars.distribute.is_chief(self.strategy) and not tf.io.gfile.exists(config_path):
+            storage.write_json(config_path, self.record)  # with the first checkpoint
+        directory = os.path.join(self.config.model_dir, "checkpoints")
+        checkpoints.save(self.model, directory, epochs_done, state, self.strategy, steps_done)
+        self._saved_at = (self._step(), time.time())
+        self._saved_stem = checkpoints.stem(directory, epochs_done, steps_done)
+
+    def _stop_if_preempted(self, done):
+        if self.preemption.signal:
+            raise Preempted(
+                f"stopped by {self.preemption.signal} at step {self._step()} (epoch "
+                f"{self._epoch + 1}, {done} of its {self.plan.steps_in(self._epoch)} steps); "
+                f"checkpoint {self._saved_stem}; run the same command to resume"
+            )
 
     def on_epoch_end(self, epoch, logs=None):
         logs = logs if logs is not None else {}
@@ -496,17 +609,10 @@ class RunState(keras.callbacks.Callback):
             )
         self._traced = True
         self.state["history"].append(record)
-        self.state["epochs_done"] = epoch + 1
-        config_path = os.path.join(self.config.model_dir, CONFIG_FILE)
-        if keras_lars.distribute.is_chief(self.strategy) and not tf.io.gfile.exists(config_path):
-            storage.write_json(config_path, self.record)  # with the first checkpoint
-        checkpoints.save(
-            self.model,
-            os.path.join(self.config.model_dir, "checkpoints"),
-            epoch + 1,
-            self.state,
-            self.strategy,
-        )
+        self.state["epochs_done"], self.state["steps_done"] = epoch + 1, 0
+        self._save(epoch + 1, 0)
+        if epoch + 1 < self.plan.epochs:
+            self._stop_if_preempted(self.plan.steps_in(epoch))
 
 
 class ProgressBar(keras.callbacks.ProgbarLogger):
@@ -520,14 +626,17 @@ class ProgressBar(keras.callbacks.ProgbarLogger):
     def set_params(self, params):
         super().set_params(params)
         self.verbose = 1 if sys.stdout.isatty() else 2
+        self._fit_steps = params.get("steps") or self.plan.steps_per_epoch
 
     def on_epoch_begin(self, epoch, logs=None):
-        self.target = self.plan.steps_in(epoch)
+        # The fit's own steps: fewer in an epoch resumed from inside.
+        self.target = min(self.plan.steps_in(epoch), self._fit_steps)
         super().on_epoch_begin(epoch, logs)
 
 
-def make_callbacks(config, plan, schedule, state, strategy, record):
-    callbacks = [RunState(config, plan, schedule, state, strategy, record), ProgressBar(plan)]
+def make_callbacks(config, plan, schedule, state, strategy, record, preemption):
+    run_state = RunState(config, plan, schedule, state, strategy, record, preemption)
+    callbacks = [run_state, ProgressBar(plan)]
     if config.stop_on_divergence:  # first: it raises before any checkpoint of the epoch
         callbacks.insert(0, keras_lars.DivergenceGuard())
     logs = os.path.join(config.model_dir, "logs")
@@ -663,15 +772,13 @@ def _train(config, strategy, data, plan, record, started):
     with strategy.scope():
         model = compiled_model(config, num_classes, schedule)
         state = checkpoints.restore(model, checkpoint_dir)
-    state = state or {"epochs_done": 0, "history": []}
-    start = state["epochs_done"]
-    if start:
-        print(f"resuming {config.model_dir} after epoch {start}", flush=True)
+    state = state or {"epochs_done": 0, "steps_done": 0, "history": []}
+    start, skip = state["epochs_done"], state.get("steps_done", 0)
+    if start or skip:
+        inside = f", step {skip} of epoch {start + 1}" if skip else ""
+        print(f"resuming {config.model_dir} after epoch {start}{inside}", flush=True)
 
     if start < plan.epochs:
-        train = strategy.distribute_datasets_from_function(
-            train_stream(data, plan, start, config.global_batch_size)
-        )
         validation, validation_steps = None, []
         if config.eval:
 
@@ -682,13 +789,18 @@ def _train(config, strategy, data, plan, record, started):
                 return data.eval(config.global_batch_size, context)
 
             validation = strategy.distribute_datasets_from_function(evaluation)
-        callbacks = make_callbacks(config, plan, schedule, state, strategy, record)
-        try:
+        preemption = Preemption()
+        callbacks = make_callbacks(config, plan, schedule, state, strategy, record, preemption)
+
+        def fit(first_epoch, end_epoch, steps_per_epoch, skip=0):
+            train = strategy.distribute_datasets_from_function(
+                train_stream(data, plan, first_epoch, config.global_batch_size, skip, end_epoch)
+            )
             model.fit(
                 train,
-                epochs=plan.epochs,
-                initial_epoch=start,
-                steps_per_epoch=plan.steps_per_epoch,
+                epochs=end_epoch,
+                initial_epoch=first_epoch,
+                steps_per_epoch=steps_per_epoch,
                 validation_data=validation,
                 # Given exactly: left to find the end of a dataset from a
                 # function, Keras 3.15 evaluated extra batches under
@@ -698,15 +810,27 @@ def _train(config, strategy, data, plan, record, started):
                 callbacks=callbacks,
                 verbose=0,
             )
+
+        # One process of a multi-worker cluster cannot stop alone: there the
+        # signals keep their default effect.
+        single_process = config.strategy != "multi_worker"
+        try:
+            with preemption.handling(enabled=single_process):
+                if skip:  # the rest of the epoch a checkpoint was taken inside
+                    fit(start, start + 1, plan.steps_in(start) - skip, skip)
+                    start += 1
+                if start < plan.epochs:
+                    fit(start, plan.epochs, plan.steps_per_epoch)
         except (tf.errors.InvalidArgumentError, tf.errors.DataLossError) as error:
             _explain_data_error(data, config, error)
             raise
         except keras_lars.NonFiniteLossError as error:
-            saved = checkpoints.epochs_saved(checkpoint_dir)
+            saved = checkpoints.saved(checkpoint_dir)
             last = (
-                f"{checkpoints.stem(checkpoint_dir, saved[-1])} (epoch {saved[-1]})"
+                f"{checkpoints.stem(checkpoint_dir, *saved[-1])} (epoch {saved[-1][0]}"
+                + (f", step {saved[-1][1]} of the next)" if saved[-1][1] else ")")
                 if saved
-                else "none (no epoch finished)"
+                else "none (no checkpoint yet)"
             )
             raise Diverged(f"{error}; last good checkpoint: {last}") from None
     return write_summary(config, plan, state, time.time() - started, strategy)
@@ -771,6 +895,9 @@ def main(argv):
         )
     try:
         train_and_evaluate(config_from_flags(*settings.from_flags(Config)))
+    except Preempted as error:
+        print(f"preempted: {error}", file=sys.stderr, flush=True)
+        sys.exit(EXIT_PREEMPTED)
     except (
         ConfigError,
         Diverged,
