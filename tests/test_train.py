@@ -911,6 +911,7 @@ def test_images_per_second_with_one_execution_per_epoch(tmp_path):
             "--warmup_epochs=1",
             "--steps_per_execution=11",
             "--base_learning_rate=1",
+            "--log_every_seconds=0.000001",
             f"--model_dir={tmp_path / 'run'}",
         ]
     )
@@ -918,6 +919,9 @@ def test_images_per_second_with_one_execution_per_epoch(tmp_path):
     history = json.loads((tmp_path / "run" / "summary.json").read_text())["history"]
     assert "images_per_second" not in history[0]  # the first epoch traces
     assert history[1]["images_per_second"] > 0
+    # Off a terminal, progress lines within the epochs (here after every execution).
+    assert "epoch 1/2: step 11/11, loss " in process.stdout
+    assert "epoch 2/2: step 11/11, loss " in process.stdout
 
 
 def test_sigterm_saves_within_the_epoch_and_the_rerun_ends_as_an_uninterrupted_run(tmp_path):

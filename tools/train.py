@@ -236,6 +236,13 @@ class Config:
         check=at_least(0),
         resumable=True,
     )
+    log_every_seconds: float = setting(
+        60.0,
+        "Off a terminal (batch jobs, log files), a progress line within each epoch at most "
+        "every that many seconds; 0: a line per epoch only.",
+        check=at_least(0),
+        resumable=True,
+    )
     steps_per_execution: int = setting(
         1, "Steps per compiled call (large on TPUs).", check=at_least(1), resumable=True
     )
@@ -529,6 +536,7 @@ class RunState(keras.callbacks.Callback):
                 first = keras.ops.convert_to_numpy(variable)[0]
                 variable.assign([first, (epoch + 1) << 32])
         self._epoch, self._start, self._first_batch = epoch, time.time(), None
+        self._logged_at = self._start
         self._epoch_start_step = self._step() - resumed_steps
 
     def _step(self):
@@ -547,6 +555,15 @@ class RunState(keras.callbacks.Callback):
         steps = self.plan.steps_in(self._epoch)
         if steps < self.plan.steps_per_epoch and done >= steps:
             self.model.stop_training = True  # the end of a short last epoch
+        every = self.config.log_every_seconds
+        if every and not sys.stdout.isatty() and time.time() - self._logged_at >= every:
+            self._logged_at = time.time()
+            loss = (logs or {}).get("loss")
+            shown = "" if loss is None else f", loss {float(keras.ops.convert_to_numpy(loss)):.4f}"
+            print(
+                f"epoch {self._epoch + 1}/{self.plan.epochs}: step {done}/{steps}{shown}",
+                flush=True,
+            )
         if done < steps and self._checkpoint_due():
             self._save(self._epoch, done)
             self._stop_if_preempted(done)
