@@ -173,7 +173,6 @@ def test_the_wheel_installs_one_package_and_three_programs(tmp_path):
             "pip",
             "wheel",
             "--no-deps",
-            "--no-build-isolation",
             "-w",
             str(tmp_path),
             ROOT,
