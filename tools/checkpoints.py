@@ -88,7 +88,7 @@ def problem(directory, epoch, step=0):
         if (state.get("epochs_done"), state.get("steps_done", 0)) != (epoch, step):
             return f"{state_path} is not the state of its position"
     except (ValueError, AttributeError, tf.errors.OpError) as error:
-        return f"{state_path}: {storage.reason(error)}"
+        return f"{state_path}: {storage.first_line(error)}"
     bad = []
     try:
         with tf.io.gfile.GFile(weights_path, "rb") as f, h5py.File(f, "r") as weights:
@@ -100,7 +100,7 @@ def problem(directory, epoch, step=0):
 
             weights.visititems(check)
     except (OSError, ValueError, tf.errors.OpError) as error:
-        return f"{weights_path}: {storage.reason(error)}"
+        return f"{weights_path}: {storage.first_line(error)}"
     if bad:
         return f"{weights_path}: non-finite values in {bad[0]}"
     return None
@@ -129,7 +129,7 @@ def restore(model, directory):
             model.load_weights(weights_path)
         except ValueError as error:
             raise CheckpointError(
-                f"{weights_path} does not fit this model ({storage.reason(error)}): "
+                f"{weights_path} does not fit this model ({storage.first_line(error)}): "
                 "was the run started with other data or settings?"
             ) from None
         return storage.read_json(state_path)

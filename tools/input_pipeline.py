@@ -35,6 +35,7 @@ import numpy as np
 import tensorflow as tf
 
 from keras_lars.recipes import IMAGENET_TRAIN_EXAMPLES
+from keras_lars.tools.storage import first_line
 
 MEAN_RGB = (0.485 * 255, 0.456 * 255, 0.406 * 255)
 STDDEV_RGB = (0.229 * 255, 0.224 * 255, 0.225 * 255)
@@ -204,11 +205,6 @@ def find_bad_record(files, label_offset, num_classes):
             except (tf.errors.DataLossError, tf.errors.InvalidArgumentError) as error:
                 return path, index + 1, f"unreadable TFRecord data: {first_line(error)}"
     return None
-
-
-def first_line(error):
-    message = (getattr(error, "message", None) or str(error)).strip()
-    return message.splitlines()[0] if message else type(error).__name__
 
 
 def list_files(data_dir, pattern):

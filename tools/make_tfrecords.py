@@ -189,7 +189,7 @@ def convert(
         gfile.makedirs(output_dir)
     except (OSError, tf.errors.OpError) as error:
         raise ConversionError(
-            f"--output_dir={output_dir} cannot be created: {storage.reason(error)}"
+            f"--output_dir={output_dir} cannot be created: {storage.first_line(error)}"
         ) from None
     info_path = os.path.join(output_dir, INFO_FILE)
     info = storage.read_json(info_path) if gfile.exists(info_path) else {}

@@ -26,7 +26,8 @@ class StorageError(Exception):
     names the path."""
 
 
-def reason(error):
+def first_line(error):
+    """The first line of an error's message (TensorFlow's carry stack context after it)."""
     message = (getattr(error, "message", None) or str(error)).strip()
     return message.splitlines()[0] if message else type(error).__name__
 
@@ -97,7 +98,7 @@ def staged(path):
         publish(path)
     except (OSError, tf.errors.OpError) as error:
         _discard_quietly(path)
-        raise StorageError(f"cannot write {path}: {reason(error)}") from None
+        raise StorageError(f"cannot write {path}: {first_line(error)}") from None
     except BaseException:
         _discard_quietly(path)
         raise

@@ -729,7 +729,7 @@ def make_strategy(config):
     except (RuntimeError, tf.errors.OpError) as error:  # e.g. no TPU at --tpu
         where = f" --tpu={config.tpu}" if config.strategy == "tpu" else ""
         raise ConfigError(
-            f"--strategy={config.strategy}{where}: cannot start it: {storage.reason(error)}"
+            f"--strategy={config.strategy}{where}: cannot start it: {storage.first_line(error)}"
         ) from None
     replicas = strategy.num_replicas_in_sync
     needs = []
@@ -859,7 +859,7 @@ def _explain_data_error(data, config, error):
     if not files:
         return
     print(
-        f"reading the data failed ({input_pipeline.first_line(error)}); "
+        f"reading the data failed ({storage.first_line(error)}); "
         f"looking for the bad record in {len(files)} files...",
         file=sys.stderr,
     )
