@@ -1,5 +1,7 @@
 """LAMB: layer-wise adaptive moments (You et al. 2019)."""
 
+import math
+
 import keras
 from keras import ops
 
@@ -23,6 +25,10 @@ class LAMB(LayerwiseOptimizer):
         ratio = ||w|| / ||u||    (1 where ||w|| = 0 or ||u|| = 0;
                                   clipped to `trust_ratio_bounds` if given)
         w = w - lr * ratio * u
+
+    The moments of float16/bfloat16 variables are kept in float32 (v = g^2
+    underflows float16 below |g| ~ 8e-3), and their step is computed in
+    float32 and rounded once.
 
     Weight decay sits inside the ratio, unlike Keras 3's own `Lamb`, whose
     decay is decoupled and applied outside it (the two agree only without
@@ -88,6 +94,8 @@ class LAMB(LayerwiseOptimizer):
             trust_ratio_bounds = (lower, upper)
         self.trust_ratio_bounds = trust_ratio_bounds
 
+    float32_slots = ("m", "v")
+
     def build(self, variables):
         if self.built:
             return
@@ -96,10 +104,11 @@ class LAMB(LayerwiseOptimizer):
 
     def update_step(self, gradient, variable, learning_rate):
         index = self._get_variable_index(variable)
-        dtype = variable.dtype
-        gradient = ops.cast(kernels.dense(gradient), dtype)
         m = self.momentums[index]
         v = self.velocities[index]
+        dtype = m.dtype  # float32 for float16/bfloat16 variables
+        gradient = ops.cast(kernels.dense(gradient), dtype)
+        weights = ops.cast(variable, dtype)
         self.assign_add(m, (gradient - m) * (1 - self.beta_1))
         self.assign_add(v, (ops.square(gradient) - v) * (1 - self.beta_2))
 
@@ -107,19 +116,23 @@ class LAMB(LayerwiseOptimizer):
         # bias corrections folded into scalars: c = sqrt(1 - beta_2^t) / (1 -
         # beta_1^t) and eps' = eps * sqrt(1 - beta_2^t).
         t = ops.cast(self.iterations + 1, "float32")
-        root = ops.sqrt(1 - ops.power(ops.cast(self.beta_2, "float32"), t))
-        c = root / (1 - ops.power(ops.cast(self.beta_1, "float32"), t))
+        root = ops.sqrt(one_minus_power(self.beta_2, t))
+        c = root / one_minus_power(self.beta_1, t)
         update = m / (ops.sqrt(v) + ops.cast(self.epsilon * root, dtype)) * ops.cast(c, dtype)
         if self._decays[index]:
-            update = update + ops.cast(self.weight_decay, dtype) * variable
+            update = update + ops.cast(self.weight_decay, dtype) * weights
 
         scale = 1.0
         if self._adapts[index]:
-            weight_norm, update_norm = kernels.l2_norm(variable), kernels.l2_norm(update)
+            weight_norm, update_norm = kernels.l2_norm(weights), kernels.l2_norm(update)
             scale = trust_ratio(weight_norm, update_norm, bounds=self.trust_ratio_bounds)
             self._record_trust_stats(index, scale, weight_norm, update_norm)
         lr = ops.cast(learning_rate, "float32")
-        kernels.descent_step(self, variable, ops.cast(lr * scale, dtype), update)
+        if dtype == variable.dtype:
+            kernels.descent_step(self, variable, ops.cast(lr * scale, dtype), update)
+        else:  # the new weights are computed in float32 and rounded once
+            new_weights = weights - ops.cast(lr * scale, dtype) * update
+            self.assign(variable, ops.cast(new_weights, variable.dtype))
 
     def get_config(self):
         config = super().get_config()
@@ -134,3 +147,13 @@ class LAMB(LayerwiseOptimizer):
             }
         )
         return config
+
+
+def one_minus_power(beta, t):
+    """1 - beta^t in float32 to about one ulp, as -expm1(t * log(beta)) with
+    log(beta) taken in float64. `1 - beta**t` computed in float32 loses the
+    digits of small 1 - beta (beta_2 = 0.999 is off by 1.3e-5 at t = 1),
+    while the moment update uses (1 - beta) exactly: the two would disagree."""
+    if beta == 0:
+        return ops.ones_like(t)
+    return -ops.expm1(t * math.log(beta))

@@ -9,7 +9,7 @@ from keras_lars.layerwise import trust_ratio
 from keras_lars.validation import check_bool
 from keras_lars.validation import check_number
 
-TRUST_DENOMINATORS = ("sum_of_norms", "norm_of_sum")
+TRUST_DENOMINATORS = ("sum_of_norms", "norm_of_sum", "update_norm")
 
 
 @keras.saving.register_keras_serializable(package="keras_lars")
@@ -26,8 +26,13 @@ class LARS(LayerwiseOptimizer):
     Options:
     - `trust_denominator="norm_of_sum"`: ratio = eta*||w|| / (||g + beta*w|| + eps)
       (tensorflow/models and optax).
-    - `classic_momentum=False`: the rate outside the buffer (TF1's
-      LARSOptimizer, timm): v = m*v + ratio*(g + beta*w); w = w - lr*v.
+    - `classic_momentum=False`: the rate outside the buffer (timm):
+      v = m*v + ratio*(g + beta*w); w = w - lr*v.
+    - `classic_momentum=False, trust_denominator="update_norm"`: the ratio
+      of the momentum update (the non-classic mode of tensorflow/tpu's and
+      tensorflow/models' LARS): v = m*v + (g + beta*w); u = v (Nesterov:
+      u = m*v + (g + beta*w)); ratio = eta*||w|| / (||u|| + eps);
+      w = w - lr*ratio*u.
     - `nesterov=True`: w takes the look-ahead step, m*v + (this step's
       term), instead of v.
     - `clip_trust_ratio=True` (LARC "clip" mode): the local rate is
@@ -54,7 +59,8 @@ class LARS(LayerwiseOptimizer):
         epsilon: float >= 0 added to the ratio's denominator.
         nesterov: bool, Nesterov momentum.
         classic_momentum: bool, whether lr is inside the momentum buffer.
-        trust_denominator: "sum_of_norms" (paper) or "norm_of_sum".
+        trust_denominator: "sum_of_norms" (paper), "norm_of_sum", or
+            "update_norm" (needs `classic_momentum=False`).
         clip_trust_ratio: bool, LARC clipping of the local rate to lr.
         exclude_from_weight_decay: list of regular expressions searched in
             `variable.path` ("dense/kernel"); matched variables get no decay.
@@ -109,6 +115,11 @@ class LARS(LayerwiseOptimizer):
             )
         self.nesterov = check_bool("nesterov", nesterov)
         self.classic_momentum = check_bool("classic_momentum", classic_momentum)
+        if trust_denominator == "update_norm" and self.classic_momentum:
+            raise ValueError(
+                "`trust_denominator='update_norm'` needs `classic_momentum=False`: the "
+                "ratio is taken from the momentum update, which then holds no rate."
+            )
         self.trust_denominator = trust_denominator
         self.clip_trust_ratio = check_bool("clip_trust_ratio", clip_trust_ratio)
 
@@ -128,6 +139,9 @@ class LARS(LayerwiseOptimizer):
         beta = self.weight_decay if self._decays[index] else 0.0
         step = gradient + beta * variable if beta else gradient  # g + beta*w
 
+        if self.trust_denominator == "update_norm":
+            self._update_norm_step(index, variable, lr, step)
+            return
         scale = 1.0  # the layer's rate is lr * scale
         if self._adapts[index]:
             weight_norm = kernels.l2_norm(variable)
@@ -170,6 +184,28 @@ class LARS(LayerwiseOptimizer):
                 self.nesterov,
                 classic=False,
             )
+
+    def _update_norm_step(self, index, variable, lr, step):
+        """v = m*v + s; u = v (Nesterov: m*v + s); w -= lr * ratio(||u||) * u."""
+        update = step
+        if self.momentum > 0:
+            buffer = self.momentums[index]
+            momentum = ops.cast(self.momentum, variable.dtype)
+            velocity = momentum * buffer + step
+            self.assign(buffer, velocity)
+            update = momentum * velocity + step if self.nesterov else velocity
+        scale = 1.0
+        if self._adapts[index]:
+            weight_norm, update_norm = kernels.l2_norm(variable), kernels.l2_norm(update)
+            scale = trust_ratio(
+                weight_norm,
+                update_norm,
+                coefficient=self.trust_coefficient,
+                epsilon=self.epsilon,
+                clip_to_learning_rate=lr if self.clip_trust_ratio else None,
+            )
+            self._record_trust_stats(index, scale, weight_norm, update_norm)
+        kernels.descent_step(self, variable, ops.cast(lr * scale, variable.dtype), update)
 
     def get_config(self):
         config = super().get_config()

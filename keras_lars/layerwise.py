@@ -204,6 +204,24 @@ class LayerwiseOptimizer(keras.optimizers.Optimizer):
             for path, adapts in zip(map(variable_path, variables), self._adapts)
         ]
 
+    # Names of the slots kept in float32 for float16/bfloat16 variables.
+    float32_slots = ()
+
+    def add_variable_from_reference(self, reference_variable, name=None, initializer="zeros"):
+        """Keras's slot constructor, except that the slots named in
+        `float32_slots` of a float16/bfloat16 variable are float32."""
+        low_precision = str(reference_variable.dtype) in ("float16", "bfloat16")
+        if name not in self.float32_slots or not low_precision:
+            return super().add_variable_from_reference(reference_variable, name, initializer)
+        layout = getattr(reference_variable, "_layout", None)
+        return self.add_variable(
+            shape=reference_variable.shape,
+            initializer=initializer,
+            dtype="float32",
+            name=f"{variable_path(reference_variable).replace('/', '_')}_{name}",
+            **({} if layout is None else {"layout": layout}),
+        )
+
     def _add_slots(self, variables, names):
         """One zero-initialised optimizer variable per model variable for each
         of `names` (a list of lists, one per name, in `variables` order).

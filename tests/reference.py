@@ -40,6 +40,15 @@ def lars(
             g = np.asarray(g, np.float64)
             beta = weight_decay if decay[i] else 0.0
             d = g + beta * w[i]
+            if denominator == "update_norm":  # ratio of the momentum update
+                v[i] = momentum * v[i] + d
+                u = momentum * v[i] + d if nesterov else v[i]
+                wn, un = _norm(w[i]), _norm(u)
+                local = eta * wn / (un + epsilon) if adapt[i] and wn > 0 and un > 0 else 1.0
+                if clip and local != 1.0:
+                    local = min(local / lr, 1.0)
+                w[i] = w[i] - lr * local * u
+                continue
             local = 1.0
             if adapt[i]:
                 wn = _norm(w[i])
@@ -75,8 +84,12 @@ def lamb(
     decay=None,
     adapt=None,
     bounds=None,
+    update_norms=None,
 ):
-    """You et al. 2019, Algorithm 2 (as in tensorflow-addons' LAMB)."""
+    """You et al. 2019, Algorithm 2 (as in tensorflow-addons' LAMB).
+
+    update_norms: a list that receives ||r + wd*w|| of each variable at
+    each step."""
     w = [np.array(x, np.float64) for x in weights]
     m = [np.zeros_like(x) for x in w]
     v = [np.zeros_like(x) for x in w]
@@ -99,5 +112,7 @@ def lamb(
                     ratio = wn / rn
                     if bounds is not None:
                         ratio = min(max(ratio, bounds[0]), bounds[1])
+            if update_norms is not None:
+                update_norms.append(_norm(r))
             w[i] = w[i] - lr * ratio * r
     return w

@@ -101,6 +101,55 @@ def test_first_step_by_hand():
     np.testing.assert_allclose(keras.ops.convert_to_numpy(variable), expected, rtol=1e-6)
 
 
+def test_bias_corrections_are_float32_exact():
+    # ||r|| at each step against float64. Before, 1 - beta_2^t was computed
+    # in float32 from float32(beta_2) while the moment used (1 - beta_2)
+    # exactly: ||r|| was 6.8e-6 off at step 1 (tensorflow-addons: 1.3e-7).
+    rng = np.random.default_rng(3)
+    weights = [rng.normal(size=(64, 32)).astype("float32")]
+    steps = [[rng.normal(size=(64, 32)).astype("float32")] for _ in range(6)]
+    expected = []
+    reference.lamb(weights, steps, [1e-3] * 6, update_norms=expected)
+    variable = keras.Variable(weights[0], name="w")
+    optimizer = keras_lars.LAMB(learning_rate=1e-3, record_trust_ratios=True)
+    for step, norm in zip(steps, expected):
+        optimizer.apply([keras.ops.convert_to_tensor(step[0])], [variable])
+        _, _, update_norm = optimizer.trust_ratio_stats()["w"]
+        np.testing.assert_allclose(update_norm, norm, rtol=5e-7)
+
+
+@pytest.mark.parametrize(
+    "dtype, mantissa_bits, smallest_step", [("float16", 10, 2.0**-24), ("bfloat16", 7, 2.0**-133)]
+)
+def test_low_precision_variables_keep_float32_moments(dtype, mantissa_bits, smallest_step):
+    # Gradients from 1e-5 to 1e-1: in float16, v = (1 - beta_2) g^2 and
+    # eps * sqrt(1 - beta_2^t) underflowed, and such an entry stepped up to
+    # ~480 times too far. Now every step is the float64 step from the same
+    # weights (moments in float64), rounded once: within one ulp.
+    rng = np.random.default_rng(0)
+    shape = (64, 32)
+    weights = rng.normal(0, 0.05, shape).astype(dtype)
+    steps = [
+        [(rng.normal(size=shape) * 10.0 ** rng.uniform(-5, -1, shape)).astype(dtype)]
+        for _ in range(5)
+    ]
+    variable = keras.Variable(weights, dtype=dtype, name="w")
+    optimizer = keras_lars.LAMB(learning_rate=0.01)
+    for k, step in enumerate(steps):
+        before = keras.ops.convert_to_numpy(variable).astype(np.float64)
+        optimizer.apply([keras.ops.convert_to_tensor(step[0])], [variable])
+        # The reference accumulates the moments of steps 0..k at lr 0 but the last.
+        (expected,) = reference.lamb(
+            [before], [[g[0].astype(np.float64)] for g in steps[: k + 1]], [0.0] * k + [0.01]
+        )
+        actual = keras.ops.convert_to_numpy(variable).astype(np.float64)
+        exponent = np.floor(np.log2(np.maximum(np.abs(expected), smallest_step)))
+        ulp = np.maximum(2.0 ** (exponent - mantissa_bits), smallest_step)
+        error = np.abs(actual - expected) / ulp
+        assert error.max() <= 1.0, (k, error.max())
+    assert {str(v.dtype) for v in optimizer.momentums + optimizer.velocities} == {"float32"}
+
+
 @pytest.mark.parametrize(
     "argument, value",
     [

@@ -24,11 +24,11 @@ OPTIONS = [
         (0.0, 0.9),
         (False, True),
         (True, False),
-        ("sum_of_norms", "norm_of_sum"),
+        ("sum_of_norms", "norm_of_sum", "update_norm"),
         (False, True),
         (0.0, 0.01),
     )
-    if not (nesterov and momentum == 0.0)
+    if not (nesterov and momentum == 0.0) and not (classic and denominator == "update_norm")
 ]
 
 
@@ -276,6 +276,11 @@ def test_trust_ratio_statistics_are_recorded():
 def test_invalid_hyperparameters_name_the_argument(argument, value):
     with pytest.raises(ValueError, match=argument):
         keras_lars.LARS(**{argument: value})
+
+
+def test_update_norm_needs_the_rate_outside_the_buffer():
+    with pytest.raises(ValueError, match="update_norm.*classic_momentum=False"):
+        keras_lars.LARS(trust_denominator="update_norm", classic_momentum=True)
 
 
 def test_nesterov_needs_momentum():
