@@ -29,14 +29,16 @@ class LARS(LayerwiseOptimizer):
     - `classic_momentum=False`: the rate outside the buffer (timm):
       v = m*v + ratio*(g + beta*w); w = w - lr*v.
     - `classic_momentum=False, trust_denominator="update_norm"`: the ratio
-      of the momentum update (the non-classic mode of tensorflow/tpu's and
-      tensorflow/models' LARS): v = m*v + (g + beta*w); u = v (Nesterov:
+      of the momentum update (tensorflow/models' `classic_momentum=False`
+      mode): v = m*v + (g + beta*w); u = v (Nesterov:
       u = m*v + (g + beta*w)); ratio = eta*||w|| / (||u|| + eps);
       w = w - lr*ratio*u.
     - `nesterov=True`: w takes the look-ahead step, m*v + (this step's
       term), instead of v.
-    - `clip_trust_ratio=True` (LARC "clip" mode): the local rate is
-      min(ratio, lr) instead of lr * ratio.
+    - `clip_trust_ratio=True` (LARC "clip" mode, timm's `trust_clip`): the
+      local rate is min(ratio, lr) instead of lr * ratio. Where a norm is 0
+      the ratio stays 1 (rate lr); timm then uses min(lr, 1), and LARC also
+      skips the weight decay.
 
     The ratio is 1 where ||w|| = 0 or the gradient norm in the ratio is 0;
     weight decay still applies then. Norms are accumulated in float32.
