@@ -16,7 +16,9 @@ workers of one job do not write the same files.
 import json
 import os
 import shutil
+import socket
 import tempfile
+import time
 
 import keras
 
@@ -204,6 +206,82 @@ def make_strategy(
         implementation=implementation,
     )
     return tf.distribute.MultiWorkerMirroredStrategy(communication_options=options)
+
+
+def wait_for_workers(timeout_seconds, log=print, report_every_seconds=30.0, stop=None):
+    """Waits until every chief/worker task of TF_CONFIG accepts connections.
+
+    MultiWorkerMirroredStrategy's start waits for its peers inside TensorFlow,
+    silently, forever, and deaf to SIGINT and SIGTERM. Call this first: while
+    it waits, it listens on this task's own address (so that peers see it,
+    and then TensorFlow's server on the same port), logs which tasks are
+    missing every `report_every_seconds`, and stays interruptible.
+
+    Args:
+        timeout_seconds: float > 0: raise TimeoutError after that long.
+        log: called with each "waiting for ..." line.
+        report_every_seconds: float > 0, the interval of those lines.
+        stop: None or a callable returning a reason (e.g. a signal name) to
+            give up: then InterruptedError.
+    Returns the number of tasks waited for (0 for a cluster of one).
+    """
+    if not timeout_seconds > 0:
+        raise ValueError(f"`timeout_seconds` must be > 0, received {timeout_seconds!r}.")
+    config = parse_tf_config()
+    cluster, task = config["cluster"], config["task"]
+    own = cluster[task["type"]][task["index"]]
+    missing = {
+        f"{job} {index} ({address})": address
+        for job in ("chief", "worker")
+        for index, address in enumerate(cluster.get(job, []))
+        if address != own
+    }
+    total = len(missing)
+    if not total:
+        return 0
+    listener = socket.socket()
+    listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        listener.bind(("", int(own.rpartition(":")[2])))
+    except OSError as error:
+        listener.close()
+        raise OSError(f"cannot listen on this task's TF_CONFIG address {own}: {error}") from None
+    listener.listen(64)  # peers' probes wait in the backlog, never accepted
+    started = reported = time.monotonic()
+    try:
+        while True:
+            missing = {k: a for k, a in missing.items() if not _accepts(a)}
+            if not missing:
+                return total
+            waited = time.monotonic() - started
+            reason = stop() if stop else None
+            if reason:
+                raise InterruptedError(
+                    f"stopped by {reason} while waiting for {_tasks(missing, total)}"
+                )
+            if waited >= timeout_seconds:
+                raise TimeoutError(
+                    f"{_tasks(missing, total)} did not start within {timeout_seconds:g} s"
+                )
+            if time.monotonic() - reported >= report_every_seconds:
+                reported = time.monotonic()
+                log(f"waiting for {_tasks(missing, total)} ({waited:.0f} of {timeout_seconds:g} s)")
+            time.sleep(0.5)
+    finally:
+        listener.close()
+
+
+def _accepts(address):
+    host, _, port = address.rpartition(":")
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=2).close()
+        return True
+    except OSError:
+        return False
+
+
+def _tasks(missing, total):
+    return f"{len(missing)} of the {total} other tasks of TF_CONFIG: {', '.join(missing)}"
 
 
 def _tpu_strategy(tf, tpu_address):

@@ -525,3 +525,71 @@ def test_xla_check_rejects_a_host_op():
     assert _op_types(step.get_concrete_function(value).graph) & HOST_OPS
     with pytest.raises(Exception, match="(?i)compil|xla|supported"):
         step.experimental_get_compiler_ir(value)(stage="hlo")
+
+
+# --- waiting for the cluster -------------------------------------------------------
+def _two_task_config(monkeypatch, own_port, peer_port):
+    cluster = {"worker": [f"localhost:{own_port}"], "chief": [f"localhost:{peer_port}"]}
+    monkeypatch.setenv(
+        "TF_CONFIG", json.dumps({"cluster": cluster, "task": {"type": "worker", "index": 0}})
+    )
+
+
+def test_wait_for_workers_returns_once_every_peer_listens(monkeypatch):
+    own, peer = _free_ports(2)
+    _two_task_config(monkeypatch, own, peer)
+    with socket.socket() as listener:
+        listener.bind(("localhost", peer))
+        listener.listen(1)
+        assert keras_lars.distribute.wait_for_workers(10) == 1
+    # Meanwhile this task listened on its own port; now it is free for TensorFlow.
+    with socket.socket() as again:
+        again.bind(("localhost", own))
+
+
+def test_wait_for_workers_logs_the_missing_task_and_times_out(monkeypatch):
+    own, peer = _free_ports(2)
+    _two_task_config(monkeypatch, own, peer)
+    lines = []
+    started = time.monotonic()
+    with pytest.raises(
+        TimeoutError, match=rf"chief 0 \(localhost:{peer}\) did not start within 1.5 s"
+    ):
+        keras_lars.distribute.wait_for_workers(1.5, log=lines.append, report_every_seconds=0.5)
+    assert 1.5 <= time.monotonic() - started < 6
+    assert lines and all(
+        line.startswith(
+            f"waiting for 1 of the 1 other tasks of TF_CONFIG: chief 0 (localhost:{peer})"
+        )
+        for line in lines
+    )
+
+
+def test_wait_for_workers_stops_when_asked(monkeypatch):
+    _two_task_config(monkeypatch, *_free_ports(2))
+    with pytest.raises(InterruptedError, match="stopped by SIGTERM while waiting for 1 of"):
+        keras_lars.distribute.wait_for_workers(60, stop=lambda: "SIGTERM")
+
+
+def test_wait_for_workers_names_a_taken_own_address(monkeypatch):
+    own, peer = _free_ports(2)
+    _two_task_config(monkeypatch, own, peer)
+    with socket.socket() as taken:
+        taken.bind(("", own))
+        taken.listen(1)
+        with pytest.raises(
+            OSError, match=f"cannot listen on this task's TF_CONFIG address localhost:{own}"
+        ):
+            keras_lars.distribute.wait_for_workers(5)
+
+
+def test_wait_for_workers_alone_or_with_a_bad_timeout(monkeypatch):
+    monkeypatch.setenv(
+        "TF_CONFIG",
+        json.dumps(
+            {"cluster": {"worker": ["localhost:1"]}, "task": {"type": "worker", "index": 0}}
+        ),
+    )
+    assert keras_lars.distribute.wait_for_workers(1) == 0
+    with pytest.raises(ValueError, match="timeout_seconds"):
+        keras_lars.distribute.wait_for_workers(0)

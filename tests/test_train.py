@@ -982,3 +982,129 @@ def test_sigterm_saves_within_the_epoch_and_the_rerun_ends_as_an_uninterrupted_r
     assert weights[0].keys() == weights[1].keys() and len(weights[0]) > 20
     for name in weights[0]:
         np.testing.assert_array_equal(weights[0][name], weights[1][name], err_msg=name)
+
+
+# --- multi-worker: waiting for the cluster, preemption ------------------------------
+def _cluster_env(ports, index):
+    cluster = {"worker": [f"localhost:{port}" for port in ports]}
+    return dict(
+        os.environ,
+        TF_CPP_MIN_LOG_LEVEL="2",
+        CUDA_VISIBLE_DEVICES="",
+        TF_CONFIG=json.dumps({"cluster": cluster, "task": {"type": "worker", "index": index}}),
+    )
+
+
+def _free_ports(count):
+    sockets = [socket.socket() for _ in range(count)]
+    for s in sockets:
+        s.bind(("localhost", 0))
+    ports = [s.getsockname()[1] for s in sockets]
+    for s in sockets:
+        s.close()
+    return ports
+
+
+def _start_worker(args, ports, index):
+    return subprocess.Popen(
+        tool_command("--strategy=multi_worker", *args),
+        cwd=ROOT,
+        env=_cluster_env(ports, index),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def _start_cluster(args):
+    ports = _free_ports(2)
+    return [_start_worker(args, ports, index) for index in range(2)]
+
+
+def _finish(processes):
+    """(return codes, stderr texts); kills what is left on a timeout."""
+    try:
+        outputs = [p.communicate(timeout=TIMEOUT) for p in processes]
+    finally:
+        for p in processes:
+            if p.poll() is None:
+                p.kill()
+    return [p.returncode for p in processes], [err for _, err in outputs]
+
+
+@pytest.mark.subprocess
+def test_a_worker_whose_peer_never_starts_says_so_and_times_out(tmp_path):
+    worker = _start_worker(
+        [f"--model_dir={tmp_path / 'run'}", "--worker_start_timeout_minutes=0.05"],
+        _free_ports(2),
+        0,
+    )
+    codes, errors = _finish([worker])
+    assert codes == [1], errors[0][-3000:]
+    last = errors[0].strip().splitlines()[-1]
+    assert last.startswith("error: --worker_start_timeout_minutes=0.05: 1 of the 1 other tasks")
+    assert "worker 1 (localhost:" in last and "did not start within 3 s" in last
+    assert not (tmp_path / "run").exists()  # nothing was written
+
+
+@pytest.mark.subprocess
+def test_sigterm_stops_a_worker_waiting_for_its_peer(tmp_path):
+    ports = _free_ports(2)
+    worker = _start_worker([f"--model_dir={tmp_path / 'run'}"], ports, 0)
+    deadline = time.time() + TIMEOUT
+    while time.time() < deadline and worker.poll() is None:  # listening on its own port
+        try:
+            socket.create_connection(("localhost", ports[0]), timeout=1).close()
+            break
+        except OSError:
+            time.sleep(0.2)
+    worker.send_signal(signal.SIGTERM)
+    codes, errors = _finish([worker])
+    assert codes == [train.EXIT_PREEMPTED], errors[0][-3000:]
+    assert "SIGTERM received: stopping the wait for the other workers" in errors[0]
+    assert "preempted: stopped by SIGTERM while waiting for 1 of the 1 other tasks" in errors[0]
+
+
+@pytest.mark.multiworker
+@pytest.mark.subprocess
+def test_sigterm_to_one_worker_stops_the_cluster_at_one_step_and_the_rerun_is_exact(tmp_path):
+    # TensorFlow's PreemptionCheckpointHandler: both workers save at the same
+    # step and exit 75; the same two commands then end with the weights of an
+    # uninterrupted two-worker run. The second worker starts 5 s late.
+    args = [
+        "--model=alexnet",
+        "--train_epochs=3",
+        "--warmup_epochs=1",
+        "--global_batch_size=64",
+        "--base_learning_rate=4",
+        "--noeval",
+    ]
+    whole, stopped = tmp_path / "whole", tmp_path / "stopped"
+    uninterrupted = _start_cluster(args + [f"--model_dir={whole}"])
+    ports = _free_ports(2)
+    victims = [_start_worker(args + [f"--model_dir={stopped}"], ports, 0)]
+    time.sleep(5)
+    victims.append(_start_worker(args + [f"--model_dir={stopped}"], ports, 1))
+    deadline = time.time() + TIMEOUT
+    while (
+        not checkpoints.saved(str(stopped / "checkpoints"))
+        and all(v.poll() is None for v in victims)
+        and time.time() < deadline
+    ):
+        time.sleep(0.05)
+    victims[1].send_signal(signal.SIGTERM)  # the chief (0) is told by the cluster
+    codes, errors = _finish(victims)
+    assert codes == [train.EXIT_PREEMPTED] * 2, "\n".join(e[-3000:] for e in errors)
+    for error in errors:
+        assert "a worker of the cluster received SIGTERM" in error
+    saved = checkpoints.saved(str(stopped / "checkpoints"))[-1]
+    assert (1, 0) < saved < (3, 0)  # after the first epoch, before the end
+    assert "waiting for" not in "".join(errors)  # a 5 s start gap is no news
+    codes, errors = _finish(_start_cluster(args + [f"--model_dir={stopped}"]))
+    assert codes == [0, 0], "\n".join(e[-3000:] for e in errors)
+    codes, errors = _finish(uninterrupted)
+    assert codes == [0, 0], "\n".join(e[-3000:] for e in errors)
+    weights = [h5_arrays(d / "checkpoints" / "ckpt-0003.weights.h5") for d in (whole, stopped)]
+    assert weights[0].keys() == weights[1].keys() and len(weights[0]) > 10
+    for name in weights[0]:
+        np.testing.assert_array_equal(weights[0][name], weights[1][name], err_msg=name)

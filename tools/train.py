@@ -34,6 +34,7 @@ import math
 import os
 import signal
 import sys
+import tempfile
 import threading
 import time
 
@@ -241,6 +242,13 @@ class Config:
         "Off a terminal (batch jobs, log files), a progress line within each epoch at most "
         "every that many seconds; 0: a line per epoch only.",
         check=at_least(0),
+        resumable=True,
+    )
+    worker_start_timeout_minutes: float = setting(
+        10.0,
+        "--strategy=multi_worker: how long to wait for the other tasks of TF_CONFIG to start "
+        "(a 'waiting for' line every 30 s; SIGTERM/Ctrl-C stop the wait).",
+        check=greater_than(0),
         resumable=True,
     )
     steps_per_execution: int = setting(
@@ -481,18 +489,15 @@ class Preemption:
         if self.signal is not None and number == signal.SIGINT:
             raise KeyboardInterrupt
         self.signal = signal.Signals(number).name
-        print(
-            f"{self.signal} received: saving a checkpoint at the next step boundary",
-            file=sys.stderr,
-            flush=True,
-        )
+        print(f"{self.signal} received: {self._action}", file=sys.stderr, flush=True)
 
     @contextlib.contextmanager
-    def handling(self, enabled=True):
+    def handling(self, enabled=True, action="saving a checkpoint at the next step boundary"):
         """Handles the signals for the block (only in the main thread)."""
         if not enabled or threading.current_thread() is not threading.main_thread():
             yield self
             return
+        self._action = action
         previous = {number: signal.getsignal(number) for number in self.SIGNALS}
         for number in self.SIGNALS:
             signal.signal(number, self._handle)
@@ -522,6 +527,36 @@ class RunState(keras.callbacks.Callback):
 
     def on_train_begin(self, logs=None):
         self._saved_at = (self._step(), time.time())  # (step, time) of the last checkpoint
+        if self.config.strategy == "multi_worker" and self._cluster is None:
+            self._cluster = self._cluster_preemption_handler()
+
+    _cluster = None  # TensorFlow's PreemptionCheckpointHandler, under multi_worker
+
+    def _cluster_preemption_handler(self):
+        """A SIGTERM to any worker makes every worker save at the same step
+        (tf.distribute.experimental.PreemptionCheckpointHandler agrees on it
+        through the coordination service); `save_fn` writes our checkpoint,
+        `exit_fn` turns into Preempted at this step boundary."""
+        return tf.distribute.experimental.PreemptionCheckpointHandler(
+            self.strategy.cluster_resolver,
+            tf.train.Checkpoint(),  # restores only its own counter; nothing saved
+            checkpoint_dir=tempfile.mkdtemp(prefix="keras_lars_preemption_"),
+            termination_config=tf.distribute.experimental.TerminationConfig(
+                exit_fn=self._cluster_stop, save_fn=self._cluster_save
+            ),
+        )
+
+    def _cluster_save(self):
+        if self._done < self.plan.steps_in(self._epoch):  # else on_epoch_end saves
+            self._save(self._epoch, self._done)
+
+    def _cluster_stop(self):
+        self.preemption.signal = "SIGTERM"
+        print(
+            "a worker of the cluster received SIGTERM: every worker stops at this step",
+            file=sys.stderr,
+            flush=True,
+        )
 
     def on_epoch_begin(self, epoch, logs=None):
         resumed_steps = self._inside[1] if epoch == self._inside[0] else 0
@@ -564,6 +599,11 @@ class RunState(keras.callbacks.Callback):
                 f"epoch {self._epoch + 1}/{self.plan.epochs}: step {done}/{steps}{shown}",
                 flush=True,
             )
+        if self._cluster is not None:
+            self._done = done
+            self._cluster.save_checkpoint_if_preempted()
+            if self.preemption.signal and done < steps:
+                self._stop_if_preempted(done)  # saved by _cluster_save
         if done < steps and self._checkpoint_due():
             self._save(self._epoch, done)
             self._stop_if_preempted(done)
@@ -760,6 +800,9 @@ def train_and_evaluate(config):
     started = time.time()
     keras.utils.set_random_seed(config.seed)
     keras.mixed_precision.set_global_policy(PRECISIONS[config.precision])
+    preemption = Preemption()
+    if config.strategy == "multi_worker":
+        wait_for_workers(config, preemption)
     strategy = make_strategy(config)
     replicas = strategy.num_replicas_in_sync
     if config.global_batch_size % replicas:
@@ -772,10 +815,32 @@ def train_and_evaluate(config):
     record = prepare_model_dir(config, data.info, strategy)
     chief = keras_lars.distribute.is_chief(strategy)
     with storage.exclusive(config.model_dir) if chief else contextlib.nullcontext():
-        return _train(config, strategy, data, plan, record, started)
+        return _train(config, strategy, data, plan, record, started, preemption)
 
 
-def _train(config, strategy, data, plan, record, started):
+def wait_for_workers(config, preemption):
+    """Waits for the other tasks of TF_CONFIG, interruptible (TensorFlow's own
+    wait, in the strategy's start, is neither logged nor interruptible)."""
+    try:
+        with preemption.handling(action="stopping the wait for the other workers"):
+            keras_lars.distribute.wait_for_workers(
+                60 * config.worker_start_timeout_minutes,
+                log=lambda line: print(line, flush=True),
+                stop=lambda: preemption.signal,
+            )
+    except ValueError as error:  # TF_CONFIG
+        raise ConfigError(f"--strategy=multi_worker: {error}") from None
+    except InterruptedError as error:
+        raise Preempted(f"{error}; nothing was trained; run the same command to start") from None
+    except TimeoutError as error:
+        raise ConfigError(
+            f"--worker_start_timeout_minutes={config.worker_start_timeout_minutes:g}: {error}"
+        ) from None
+    except OSError as error:  # this task's own address is taken
+        raise ConfigError(f"--strategy=multi_worker: {error}") from None
+
+
+def _train(config, strategy, data, plan, record, started, preemption):
     num_classes = data.info.num_classes
     checkpoint_dir = os.path.join(config.model_dir, "checkpoints")
     schedule = keras_lars.WarmupPolyDecay(
@@ -806,7 +871,6 @@ def _train(config, strategy, data, plan, record, started):
                 return data.eval(config.global_batch_size, context)
 
             validation = strategy.distribute_datasets_from_function(evaluation)
-        preemption = Preemption()
         callbacks = make_callbacks(config, plan, schedule, state, strategy, record, preemption)
 
         def fit(first_epoch, end_epoch, steps_per_epoch, skip=0):
@@ -828,8 +892,8 @@ def _train(config, strategy, data, plan, record, started):
                 verbose=0,
             )
 
-        # One process of a multi-worker cluster cannot stop alone: there the
-        # signals keep their default effect.
+        # One process of a multi-worker cluster cannot stop alone: there
+        # TensorFlow's PreemptionCheckpointHandler (RunState) takes SIGTERM.
         single_process = config.strategy != "multi_worker"
         try:
             with preemption.handling(enabled=single_process):
