@@ -11,6 +11,7 @@ import concurrent.futures
 import hashlib
 import io
 import json
+import math
 import os
 import re
 import signal
@@ -782,6 +783,64 @@ def test_divergence_stops_with_one_error_line_and_checkpoints_nothing(tmp_path):
     # config.json comes with the first checkpoint: a failed start locks nothing.
     assert not (model_dir / "config.json").exists() and not (model_dir / "summary.json").exists()
     assert not (model_dir / "run.lock").exists()
+
+
+def test_divergence_rollback_lowers_the_rate_and_a_resume_keeps_it(tmp_path):
+    model_dir = tmp_path / "run"
+    args = [
+        "--model=alexnet",
+        "--train_epochs=2",
+        "--warmup_epochs=1",
+        "--base_learning_rate=1e6",
+        "--divergence_rollbacks=2",
+        "--divergence_rate_factor=1e-6",
+        "--noeval",
+        f"--model_dir={model_dir}",
+    ]
+    process = run_tool(args)
+    assert process.returncode == 0, process.stderr[-3000:]
+    warnings = [line for line in process.stderr.splitlines() if "rolling back" in line]
+    assert len(warnings) == 1 and re.fullmatch(
+        r"warning: (loss|variable \S+) became non-finite at step \d+ \(epoch 1\); rolling back "
+        r"to the start with the peak learning rate x1e-06 \(rollback 1 of 2\)",
+        warnings[0],
+    ), warnings
+    summary = json.loads((model_dir / "summary.json").read_text())
+    assert all(math.isfinite(h["loss"]) for h in summary["history"])
+    # lr = 1e6 * 1e-6 * 128 / 256 at the end of warmup, in the checkpoint's state too.
+    assert summary["history"][0]["learning_rate"] == pytest.approx(0.5)
+    directory = model_dir / "checkpoints"
+    state = json.loads((directory / "ckpt-0002.json").read_text())
+    assert (state["rate_factor"], state["rollbacks"]) == (1e-6, 1)
+
+    # A resume from epoch 1 keeps the lowered rate: the same last epoch.
+    final = h5_arrays(directory / "ckpt-0002.weights.h5")
+    for name in ("ckpt-0002.json", "ckpt-0002.weights.h5"):
+        (directory / name).unlink()
+    resumed = run_tool(args)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert "rolling back" not in resumed.stderr
+    again = h5_arrays(directory / "ckpt-0002.weights.h5")
+    for name in final:
+        np.testing.assert_array_equal(final[name], again[name], err_msg=name)
+
+
+def test_divergence_after_the_last_rollback_is_an_error(tmp_path):
+    process = run_tool(
+        [
+            "--image_size=16",
+            "--train_epochs=1",
+            "--warmup_epochs=0",
+            "--base_learning_rate=1e6",
+            "--divergence_rollbacks=1",
+            "--noeval",
+            f"--model_dir={tmp_path / 'run'}",
+        ]
+    )
+    assert process.returncode == 1, process.stderr[-3000:]
+    assert "(rollback 1 of 1)" in process.stderr
+    last = process.stderr.strip().splitlines()[-1]
+    assert last.startswith("error: ") and "last good checkpoint: none" in last
 
 
 def _copy_of(finished_run, tmp_path):

@@ -110,6 +110,8 @@ PER_CELL = (
     "eval",
     "trust_ratio_log_every",
     "stop_on_divergence",  # off: a cell that diverges is a result (chance accuracy)
+    "divergence_rollbacks",  # so no rollback either
+    "divergence_rate_factor",
 )
 
 

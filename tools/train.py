@@ -267,6 +267,23 @@ class Config:
         "(keras_lars.DivergenceGuard); nothing non-finite is checkpointed.",
         resumable=True,
     )
+    divergence_rollbacks: int = setting(
+        0,
+        "With --stop_on_divergence: instead of stopping, roll back to the last good "
+        "checkpoint (or the start) with the learning rate times --divergence_rate_factor, "
+        "at most that many times in the run.",
+        check=_needs(
+            lambda value, c: value >= 0 and (value == 0 or c.stop_on_divergence),
+            "must be >= 0, and rollbacks need --stop_on_divergence",
+        ),
+        resumable=True,
+    )
+    divergence_rate_factor: float = setting(
+        0.5,
+        "What each rollback multiplies the whole learning-rate schedule by.",
+        check=_needs(lambda value, c: 0 < value < 1, "must be in (0, 1)"),
+        resumable=True,
+    )
     trust_ratio_log_every: int = setting(
         0,
         "If > 0, log LARS/LAMB per-layer trust ratios to TensorBoard every that many "
@@ -841,20 +858,65 @@ def wait_for_workers(config, preemption):
 
 
 def _train(config, strategy, data, plan, record, started, preemption):
-    num_classes = data.info.num_classes
+    """Fits, and on divergence rolls back to the last good checkpoint with a
+    lower rate (--divergence_rollbacks) or raises Diverged."""
     checkpoint_dir = os.path.join(config.model_dir, "checkpoints")
-    schedule = keras_lars.WarmupPolyDecay(
-        config.peak_learning_rate,
-        plan.warmup_steps,
-        plan.total_steps,
-        power=2.0,
-        end_learning_rate=config.end_learning_rate,
-    )
+    rollback = None  # after a divergence: {"rate_factor": f, "rollbacks": n}
+    while True:
+        try:
+            state = _fit(config, strategy, data, plan, record, preemption, rollback)
+            return write_summary(config, plan, state, time.time() - started, strategy)
+        except keras_lars.NonFiniteLossError as error:
+            state = error.run_state
+            saved = checkpoints.saved(checkpoint_dir)
+            last = (
+                f"{checkpoints.stem(checkpoint_dir, *saved[-1])} (epoch {saved[-1][0]}"
+                + (f", step {saved[-1][1]} of the next)" if saved[-1][1] else ")")
+                if saved
+                else "none (no checkpoint yet)"
+            )
+            used = state.get("rollbacks", 0)
+            if used >= config.divergence_rollbacks:
+                raise Diverged(f"{error}; last good checkpoint: {last}") from None
+            factor = state.get("rate_factor", 1.0) * config.divergence_rate_factor
+            rollback = {"rate_factor": factor, "rollbacks": used + 1}
+            print(
+                f"warning: {error}; rolling back to {last if saved else 'the start'} with "
+                f"the peak learning rate x{factor:g} (rollback {used + 1} of "
+                f"{config.divergence_rollbacks})",
+                file=sys.stderr,
+                flush=True,
+            )
+            keras.backend.clear_session()
+            keras.utils.set_random_seed(config.seed)
 
-    with strategy.scope():
-        model = compiled_model(config, num_classes, schedule)
-        state = checkpoints.restore(model, checkpoint_dir)
-    state = state or {"epochs_done": 0, "steps_done": 0, "history": []}
+
+def _fit(config, strategy, data, plan, record, preemption, rollback=None):
+    """Builds the model, restores the latest checkpoint and trains to the
+    end; returns the run's state. `rollback` overrides the restored rate
+    factor and rollback count."""
+    checkpoint_dir = os.path.join(config.model_dir, "checkpoints")
+
+    def build(rate_factor):
+        schedule = keras_lars.WarmupPolyDecay(
+            config.peak_learning_rate * rate_factor,
+            plan.warmup_steps,
+            plan.total_steps,
+            power=2.0,
+            end_learning_rate=config.end_learning_rate * rate_factor,
+        )
+        with strategy.scope():
+            model = compiled_model(config, data.info.num_classes, schedule)
+            state = checkpoints.restore(model, checkpoint_dir)
+        return schedule, model, state or {"epochs_done": 0, "steps_done": 0, "history": []}
+
+    factor = rollback["rate_factor"] if rollback else 1.0
+    schedule, model, state = build(factor)
+    if not rollback and state.get("rate_factor", 1.0) != factor:  # resumed after a rollback
+        keras.backend.clear_session()
+        keras.utils.set_random_seed(config.seed)
+        schedule, model, state = build(state["rate_factor"])
+    state.update(rollback or {})
     start, skip = state["epochs_done"], state.get("steps_done", 0)
     if start or skip:
         inside = f", step {skip} of epoch {start + 1}" if skip else ""
@@ -906,15 +968,9 @@ def _train(config, strategy, data, plan, record, started, preemption):
             _explain_data_error(data, config, error)
             raise
         except keras_lars.NonFiniteLossError as error:
-            saved = checkpoints.saved(checkpoint_dir)
-            last = (
-                f"{checkpoints.stem(checkpoint_dir, *saved[-1])} (epoch {saved[-1][0]}"
-                + (f", step {saved[-1][1]} of the next)" if saved[-1][1] else ")")
-                if saved
-                else "none (no checkpoint yet)"
-            )
-            raise Diverged(f"{error}; last good checkpoint: {last}") from None
-    return write_summary(config, plan, state, time.time() - started, strategy)
+            error.run_state = state  # the rate factor and rollbacks used
+            raise
+    return state
 
 
 def _explain_data_error(data, config, error):
