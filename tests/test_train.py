@@ -14,6 +14,7 @@ import json
 import math
 import os
 import re
+import resource
 import signal
 import socket
 import subprocess
@@ -841,6 +842,40 @@ def test_divergence_after_the_last_rollback_is_an_error(tmp_path):
     assert "(rollback 1 of 1)" in process.stderr
     last = process.stderr.strip().splitlines()[-1]
     assert last.startswith("error: ") and "last good checkpoint: none" in last
+
+
+def _limit_file_size(limit_bytes):
+    """In the child: files may not grow past `limit_bytes` (EFBIG, like a
+    full disk) instead of the process being killed by SIGXFSZ."""
+
+    def apply():
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (limit_bytes, limit_bytes))
+
+    return apply
+
+
+def test_a_failed_checkpoint_write_is_one_line_and_leaves_no_file(tmp_path):
+    # Real writes failing mid-file (RLIMIT_FSIZE): h5py's error, before a
+    # traceback, left a state file without weights.
+    model_dir = tmp_path / "run"
+    args = ["--model=alexnet", "--train_epochs=1", "--warmup_epochs=1", "--noeval"]
+    process = subprocess.run(
+        tool_command(*args, f"--model_dir={model_dir}"),
+        cwd=ROOT,
+        env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"),
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT,
+        preexec_fn=_limit_file_size(2**21),  # AlexNet's weights are ~100 MB
+    )
+    assert process.returncode == 1, process.stderr[-3000:]
+    assert "Traceback" not in process.stderr
+    weights = model_dir / "checkpoints" / "ckpt-0001.weights.h5"
+    last = process.stderr.strip().splitlines()[-1]
+    assert last == f"error: cannot write {weights}: File too large"
+    assert os.listdir(model_dir / "checkpoints") == []  # no state, no partial-* file
+    assert not (model_dir / "config.json").exists()  # the directory is not locked to this run
 
 
 def _copy_of(finished_run, tmp_path):

@@ -69,8 +69,14 @@ def save(model, directory, epoch, state, strategy=None, step=0):
         variables = list(model.variables) + list(model.optimizer.variables)
         size = sum(np.prod(v.shape) * np.dtype(v.dtype).itemsize for v in variables)
         storage.check_space(directory, int(SPACE_MARGIN * size) + 2**20)
-        storage.write_json(state_path, state, indent=None)
+        # The weights first: a checkpoint whose weights cannot be written
+        # leaves no state file behind, and one whose state cannot, no weights.
         storage.write_atomically(weights_path, model.save_weights)
+        try:
+            storage.write_json(state_path, state, indent=None)
+        except storage.StorageError:
+            tf.io.gfile.remove(weights_path)
+            raise
         for old in saved(directory)[:-KEEP]:
             for path in _paths(directory, *old):
                 if tf.io.gfile.exists(path):

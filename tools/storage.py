@@ -32,6 +32,15 @@ def first_line(error):
     return message.splitlines()[0] if message else type(error).__name__
 
 
+def _reason(error):
+    """The system's words for an OS error ("No space left on device"); h5py's
+    own messages bury them ("[Errno 28] Can't synchronously write data ...")."""
+    number = getattr(error, "errno", None)
+    if isinstance(error, OSError) and number:
+        return os.strerror(number)
+    return first_line(error)
+
+
 def partial_path(path):
     """Where `path` is written before it is renamed into place."""
     folder, name = os.path.split(path)
@@ -98,7 +107,7 @@ def staged(path):
         publish(path)
     except (OSError, tf.errors.OpError) as error:
         _discard_quietly(path)
-        raise StorageError(f"cannot write {path}: {first_line(error)}") from None
+        raise StorageError(f"cannot write {path}: {_reason(error)}") from None
     except BaseException:
         _discard_quietly(path)
         raise

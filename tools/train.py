@@ -644,10 +644,18 @@ class RunState(keras.callbacks.Callback):
             v.path: keras.ops.convert_to_numpy(v).tolist() for v in self._seed_generators()
         }
         config_path = os.path.join(self.config.model_dir, CONFIG_FILE)
-        if keras_lars.distribute.is_chief(self.strategy) and not tf.io.gfile.exists(config_path):
+        first = keras_lars.distribute.is_chief(self.strategy) and not tf.io.gfile.exists(
+            config_path
+        )
+        if first:
             storage.write_json(config_path, self.record)  # with the first checkpoint
         directory = os.path.join(self.config.model_dir, "checkpoints")
-        checkpoints.save(self.model, directory, epochs_done, state, self.strategy, steps_done)
+        try:
+            checkpoints.save(self.model, directory, epochs_done, state, self.strategy, steps_done)
+        except storage.StorageError:
+            if first:  # no checkpoint: the directory stays open to other settings
+                tf.io.gfile.remove(config_path)
+            raise
         self._saved_at = (self._step(), time.time())
         self._saved_stem = checkpoints.stem(directory, epochs_done, steps_done)
 
