@@ -20,6 +20,7 @@ def flags_page():
     from keras_lars.tools import benchmark_optimizers
     from keras_lars.tools import benchmark_train
     from keras_lars.tools import make_tfrecords
+    from keras_lars.tools import plan
     from keras_lars.tools import settings
     from keras_lars.tools import train
 
@@ -50,6 +51,13 @@ def flags_page():
             "python -m keras_lars.tools.make_tfrecords",
             "Converts a folder of class folders of images into ImageNet-format TFRecords.",
             [settings.markdown_table(make_tfrecords.ConversionSettings)],
+        ),
+        (
+            "keras-lars-plan",
+            "python -m keras_lars.tools.plan",
+            "Time-to-train planner: step time, scaling efficiency and time to train from the "
+            "model, device, cluster and all-reduce algorithm; see [planning](planning.md).",
+            [settings.markdown_table(plan.PlanSettings)],
         ),
         (
             "python -m keras_lars.tools.benchmark_train",

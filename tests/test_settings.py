@@ -124,6 +124,7 @@ def test_importing_any_tool_changes_no_environment_and_defines_no_flag():
         "keras_lars.tools.make_tfrecords",
         "keras_lars.tools.benchmark_train",
         "keras_lars.tools.benchmark_optimizers",
+        "keras_lars.tools.plan",
     ]
     script = (
         "import importlib, os, sys\n"
@@ -203,5 +204,6 @@ def test_the_wheel_installs_one_package_and_three_programs(tmp_path):
         "keras-lars-train = keras_lars.tools.train:run",
         "keras-lars-study = keras_lars.tools.batch_study:run",
         "keras-lars-make-tfrecords = keras_lars.tools.make_tfrecords:run",
+        "keras-lars-plan = keras_lars.tools.plan:run",
     ):
         assert line in scripts
