@@ -72,6 +72,9 @@ class LARS(LayerwiseOptimizer):
         record_trust_ratios: bool, keep each adapted variable's last trust
             ratio and norms for `trust_ratio_stats()` and
             `keras_lars.TrustRatioMonitor`.
+        allreduce_dtype: None, "float32", "bfloat16" or "float16": the
+            precision of the cross-replica gradient sum under a tf.distribute
+            strategy (`LayerwiseOptimizer._all_reduce_sum_gradients`).
         **kwargs: Keras's base optimizer arguments (`clipnorm`,
             `global_clipnorm`, `use_ema`, `loss_scale_factor`,
             `gradient_accumulation_steps`, ...), except `weight_decay`.

@@ -26,6 +26,7 @@ from keras_lars.validation import check_bool
 from keras_lars.validation import check_number
 
 _RANK_ONE_NOTE = "biases, batch-norm gamma/beta"
+ALLREDUCE_DTYPES = (None, "float32", "bfloat16", "float16")
 
 
 def trust_ratio(
@@ -138,6 +139,7 @@ class LayerwiseOptimizer(keras.optimizers.Optimizer):
         exclude_rank_one,
         record_trust_ratios,
         name,
+        allreduce_dtype=None,
         **kwargs,
     ):
         if kwargs.get("weight_decay") is not None:  # pragma: no cover
@@ -161,6 +163,17 @@ class LayerwiseOptimizer(keras.optimizers.Optimizer):
         self._exclude_from_layer_adaptation_arg = _as_list(exclude_from_layer_adaptation)
         self.exclude_rank_one = check_bool("exclude_rank_one", exclude_rank_one)
         self.record_trust_ratios = check_bool("record_trust_ratios", record_trust_ratios)
+        if allreduce_dtype not in ALLREDUCE_DTYPES:
+            raise ValueError(
+                f"`allreduce_dtype` must be one of {ALLREDUCE_DTYPES}, "
+                f"received {allreduce_dtype!r}."
+            )
+        if allreduce_dtype not in (None, "float32") and keras.backend.backend() != "tensorflow":
+            raise ValueError(
+                f"`allreduce_dtype={allreduce_dtype!r}` acts on tf.distribute's all-reduce "
+                f"(the TensorFlow backend), not on {keras.backend.backend()!r}."
+            )
+        self.allreduce_dtype = allreduce_dtype
 
     def _clip_gradients(self, grads):
         """Keras's clipping; under several replicas it needs compat's
@@ -173,6 +186,46 @@ class LayerwiseOptimizer(keras.optimizers.Optimizer):
                 f"{compat.replicas_in_sync()} replicas",
             )
         return super()._clip_gradients(grads)
+
+    def _all_reduce_sum_gradients(self, grads_and_vars):
+        """Sums the replicas' gradients (TensorFlow backend, under a
+        tf.distribute strategy), in `allreduce_dtype` if one is set (Jia et
+        al. 2018): each replica casts g_r, the collective sums, the sum is
+        cast back. For float16 each gradient i is first scaled by a power of
+        two s_i = 2^floor(log2(2^14 / B_i)), B_i = sum_r max|g_r,i| (one
+        small all-reduce): no partial sum can overflow, small gradients keep
+        their digits, and the unscaling is exact."""
+        reduce = super()._all_reduce_sum_gradients
+        if self.allreduce_dtype in (None, "float32") or compat.replicas_in_sync() <= 1:
+            return reduce(grads_and_vars)
+        import tensorflow as tf
+
+        pairs = [(g if g is None else tf.convert_to_tensor(g), v) for g, v in grads_and_vars]
+        present = [g for g, _ in pairs if g is not None]
+        scales = [None] * len(present)
+        if self.allreduce_dtype == "float16" and present:
+            bounds = tf.stack([tf.reduce_max(tf.abs(tf.cast(g, "float32"))) for g in present])
+            context = tf.distribute.get_replica_context()
+            bounds = context.all_reduce(tf.distribute.ReduceOp.SUM, bounds)
+            exponents = tf.floor(tf.math.log(2.0**14 / bounds) / tf.math.log(2.0))
+            exponents = tf.where(bounds > 0, exponents, tf.zeros_like(exponents))
+            scales = tf.unstack(tf.pow(2.0, exponents))
+        low, found = [], iter(zip(present, scales))
+        for g, v in pairs:
+            if g is not None:
+                g, scale = next(found)
+                g = tf.cast(g, "float32") if scale is None else tf.cast(g, "float32") * scale
+                g = tf.cast(g, self.allreduce_dtype)
+            low.append((g, v))
+        reduced, found = reduce(low), iter(scales)
+        result = []
+        for (g, v), (original, _) in zip(reduced, pairs):
+            if g is not None:
+                scale = next(found)
+                g = tf.cast(g, "float32") if scale is None else tf.cast(g, "float32") / scale
+                g = tf.cast(g, original.dtype)
+            result.append((g, v))
+        return result
 
     def _apply_weight_decay(self, variables):
         """No decoupled decay: ours is coupled, inside `update_step`."""
@@ -282,6 +335,7 @@ class LayerwiseOptimizer(keras.optimizers.Optimizer):
                 "exclude_from_layer_adaptation": (self._exclude_from_layer_adaptation_arg),
                 "exclude_rank_one": self.exclude_rank_one,
                 "record_trust_ratios": self.record_trust_ratios,
+                "allreduce_dtype": self.allreduce_dtype,
             }
         )
         return config

@@ -593,3 +593,64 @@ def test_wait_for_workers_alone_or_with_a_bad_timeout(monkeypatch):
     assert keras_lars.distribute.wait_for_workers(1) == 0
     with pytest.raises(ValueError, match="timeout_seconds"):
         keras_lars.distribute.wait_for_workers(0)
+
+
+# --- half-precision all-reduce (allreduce_dtype) -----------------------------------
+def _all_reduced(parts, allreduce_dtype):
+    """The optimizer's all-reduce of two replicas' gradients `parts`."""
+    strategy = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
+    with strategy.scope():
+        variables = [
+            keras.Variable(np.zeros(p.shape, "float32"), name=f"v{i}")
+            for i, p in enumerate(parts[0])
+        ]
+        optimizer = keras_lars.LARS(allreduce_dtype=allreduce_dtype)
+    stacked = [tf.constant(np.stack([p[i] for p in parts])) for i in range(len(variables))]
+
+    @tf.function
+    def reduce():
+        def replica():
+            index = tf.distribute.get_replica_context().replica_id_in_sync_group
+            grads = [tf.gather(s, index) for s in stacked]
+            pairs = optimizer._all_reduce_sum_gradients(list(zip(grads, variables)))
+            return [g for g, _ in pairs]
+
+        return strategy.run(replica)
+
+    return [strategy.experimental_local_results(g)[0].numpy() for g in reduce()]
+
+
+@pytest.mark.parametrize(
+    "dtype, unit_roundoff", [("float32", 0.0), ("bfloat16", 2.0**-8), ("float16", 2.0**-11)]
+)
+def test_all_reduce_in_low_precision_is_within_its_rounding(dtype, unit_roundoff):
+    # Each replica's part is rounded once and the sum once: |error| <=
+    # 2 u (|g_0| + |g_1|) per entry (float16: u of the scaled entry, and the
+    # per-gradient power-of-two scale keeps the tiny gradient out of the
+    # subnormals, where it would have been flushed to 0).
+    rng = np.random.default_rng(0)
+    parts = [
+        [
+            (rng.normal(size=(40, 6)) * 10.0 ** rng.uniform(-1, 2, (40, 6))).astype("float32"),
+            rng.normal(1e-9, 1e-10, (5,)).astype("float32"),
+        ]
+        for _ in range(2)
+    ]
+    reduced = _all_reduced(parts, dtype)
+    for i, result in enumerate(reduced):
+        exact = parts[0][i].astype(np.float64) + parts[1][i]
+        magnitude = np.abs(parts[0][i]).astype(np.float64) + np.abs(parts[1][i])
+        error = np.abs(result - exact)
+        if dtype == "float32":
+            np.testing.assert_allclose(result, exact, rtol=1e-7)
+        else:
+            assert np.all(error <= 2 * unit_roundoff * magnitude), np.max(error / magnitude)
+            assert np.any(error > 0)  # it did go through the low precision
+    assert reduced[1].dtype == np.float32 and np.all(reduced[1] > 0)
+
+
+def test_allreduce_dtype_is_checked_and_kept_in_the_config():
+    with pytest.raises(ValueError, match="allreduce_dtype"):
+        keras_lars.LAMB(allreduce_dtype="int8")
+    optimizer = keras_lars.LAMB(allreduce_dtype="bfloat16")
+    assert keras_lars.LAMB.from_config(optimizer.get_config()).allreduce_dtype == "bfloat16"

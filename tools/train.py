@@ -181,6 +181,13 @@ class Config:
         choices=STRATEGIES,
         resumable=True,
     )
+    allreduce_dtype: str = setting(
+        "float32",
+        "Precision of the gradients' cross-replica sum (Jia et al. 2018): bfloat16 and "
+        "float16 halve the bytes on the wire; float16 scales each gradient by a power of "
+        "two first (keras_lars.LARS/LAMB `allreduce_dtype`).",
+        choices=("float32", "bfloat16", "float16"),
+    )
     tpu: str = setting(
         None, "TPU name, grpc://address or 'local' (default: $TPU_NAME).", resumable=True
     )
@@ -402,6 +409,7 @@ def create_optimizer(config, schedule):
             weight_decay=config.weight_decay,
             exclude_rank_one=True,
             record_trust_ratios=record,
+            allreduce_dtype=config.allreduce_dtype,
         )
     # Momentum SGD is LARS with every variable excluded from layer adaptation:
     # v = m*v + lr*(g + wd*w), w -= v, the form of Goyal et al. and MLPerf.
@@ -415,6 +423,7 @@ def create_optimizer(config, schedule):
         exclude_from_layer_adaptation=[".*"] if sgd else None,
         record_trust_ratios=record,
         name=config.optimizer,
+        allreduce_dtype=config.allreduce_dtype,
     )
 
 
