@@ -22,6 +22,7 @@ import tensorflow as tf
 import keras_lars
 from keras_lars import compat
 from keras_lars import distribute
+from keras_lars.tools.benchmark_allreduce import free_ports
 from tests import multiworker_worker as worker
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -38,21 +39,11 @@ def restore_compat():
 
 
 # --- two worker processes --------------------------------------------------
-def _free_ports(count):
-    sockets = [socket.socket() for _ in range(count)]
-    for s in sockets:
-        s.bind(("localhost", 0))
-    ports = [s.getsockname()[1] for s in sockets]
-    for s in sockets:
-        s.close()
-    return ports
-
-
 class _Workers:
     """Two worker processes of one job; `results()` waits for both."""
 
     def __init__(self, tmp_path, job, tag, extra_args=((), ())):
-        cluster = {"worker": [f"localhost:{port}" for port in _free_ports(2)]}
+        cluster = {"worker": [f"localhost:{port}" for port in free_ports(2)]}
         self.scratch = tmp_path / f"{tag}_tmp"
         self.scratch.mkdir()
         self.outputs, self.logs, self.processes = [], [], []
@@ -536,7 +527,7 @@ def _two_task_config(monkeypatch, own_port, peer_port):
 
 
 def test_wait_for_workers_returns_once_every_peer_listens(monkeypatch):
-    own, peer = _free_ports(2)
+    own, peer = free_ports(2)
     _two_task_config(monkeypatch, own, peer)
     with socket.socket() as listener:
         listener.bind(("localhost", peer))
@@ -548,7 +539,7 @@ def test_wait_for_workers_returns_once_every_peer_listens(monkeypatch):
 
 
 def test_wait_for_workers_logs_the_missing_task_and_times_out(monkeypatch):
-    own, peer = _free_ports(2)
+    own, peer = free_ports(2)
     _two_task_config(monkeypatch, own, peer)
     lines = []
     started = time.monotonic()
@@ -566,13 +557,13 @@ def test_wait_for_workers_logs_the_missing_task_and_times_out(monkeypatch):
 
 
 def test_wait_for_workers_stops_when_asked(monkeypatch):
-    _two_task_config(monkeypatch, *_free_ports(2))
+    _two_task_config(monkeypatch, *free_ports(2))
     with pytest.raises(InterruptedError, match="stopped by SIGTERM while waiting for 1 of"):
         keras_lars.distribute.wait_for_workers(60, stop=lambda: "SIGTERM")
 
 
 def test_wait_for_workers_names_a_taken_own_address(monkeypatch):
-    own, peer = _free_ports(2)
+    own, peer = free_ports(2)
     _two_task_config(monkeypatch, own, peer)
     with socket.socket() as taken:
         taken.bind(("", own))

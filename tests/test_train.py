@@ -36,6 +36,7 @@ from keras_lars.tools import make_tfrecords
 from keras_lars.tools import settings
 from keras_lars.tools import storage
 from keras_lars.tools import train
+from keras_lars.tools.benchmark_allreduce import free_ports
 from tests import train_data
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -1089,16 +1090,6 @@ def _cluster_env(ports, index):
     )
 
 
-def _free_ports(count):
-    sockets = [socket.socket() for _ in range(count)]
-    for s in sockets:
-        s.bind(("localhost", 0))
-    ports = [s.getsockname()[1] for s in sockets]
-    for s in sockets:
-        s.close()
-    return ports
-
-
 def _start_worker(args, ports, index):
     return subprocess.Popen(
         tool_command("--strategy=multi_worker", *args),
@@ -1111,7 +1102,7 @@ def _start_worker(args, ports, index):
 
 
 def _start_cluster(args):
-    ports = _free_ports(2)
+    ports = free_ports(2)
     return [_start_worker(args, ports, index) for index in range(2)]
 
 
@@ -1130,7 +1121,7 @@ def _finish(processes):
 def test_a_worker_whose_peer_never_starts_says_so_and_times_out(tmp_path):
     worker = _start_worker(
         [f"--model_dir={tmp_path / 'run'}", "--worker_start_timeout_minutes=0.05"],
-        _free_ports(2),
+        free_ports(2),
         0,
     )
     codes, errors = _finish([worker])
@@ -1143,7 +1134,7 @@ def test_a_worker_whose_peer_never_starts_says_so_and_times_out(tmp_path):
 
 @pytest.mark.subprocess
 def test_sigterm_stops_a_worker_waiting_for_its_peer(tmp_path):
-    ports = _free_ports(2)
+    ports = free_ports(2)
     worker = _start_worker([f"--model_dir={tmp_path / 'run'}"], ports, 0)
     deadline = time.time() + TIMEOUT
     while time.time() < deadline and worker.poll() is None:  # listening on its own port
@@ -1175,7 +1166,7 @@ def test_sigterm_to_one_worker_stops_the_cluster_at_one_step_and_the_rerun_is_ex
     ]
     whole, stopped = tmp_path / "whole", tmp_path / "stopped"
     uninterrupted = _start_cluster(args + [f"--model_dir={whole}"])
-    ports = _free_ports(2)
+    ports = free_ports(2)
     victims = [_start_worker(args + [f"--model_dir={stopped}"], ports, 0)]
     time.sleep(5)
     victims.append(_start_worker(args + [f"--model_dir={stopped}"], ports, 1))

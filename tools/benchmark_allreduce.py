@@ -131,7 +131,8 @@ def worker(spec_path, out_path):
 
 
 # --- the benchmark -----------------------------------------------------------------
-def _free_ports(count):
+def free_ports(count):
+    """`count` free localhost ports (for a cluster of local processes)."""
     sockets = [socket.socket() for _ in range(count)]
     for s in sockets:
         s.bind(("localhost", 0))
@@ -147,7 +148,7 @@ def measure(workers, sizes, repeats, timeout=1800):
     spec_path, out_path = os.path.join(folder, "spec.json"), os.path.join(folder, "rows.json")
     with open(spec_path, "w") as f:
         json.dump({"sizes": sizes, "repeats": repeats}, f)
-    cluster = {"worker": [f"localhost:{port}" for port in _free_ports(workers)]}
+    cluster = {"worker": [f"localhost:{port}" for port in free_ports(workers)]}
     code = (
         "import sys; from keras_lars.tools import benchmark_allreduce as b; b.worker(*sys.argv[1:])"
     )
