@@ -6,15 +6,22 @@ compiled with XLA, interleaving the optimizers round by round so that the
 machine's noise hits all of them alike. Prints the median milliseconds and
 the ratios the project tracks:
 
-    LARS / SGD(momentum=0.9)   goal <= 1.4
-    LAMB / Adam                goal <= 1.35
+    LARS / SGD(momentum=0.9)   goal <= 1.4 (TF), 1.3 (JAX)
+    LAMB / Adam                goal <= 1.35 (TF), 1.3 (JAX)
     LAMB / keras Lamb          goal <= 1.0
 
-    python -m keras_lars.tools.benchmark_optimizers [--rounds=15] [--modes=graph,xla]
+Mode "jax" runs in a child process on Keras's JAX backend: one jitted
+`optimizer.stateless_apply` per optimizer, and optax's `lars` and `lamb`
+beside them (outside anchors: optax lars / sgd, optax lamb / adamw).
+
+    python -m keras_lars.tools.benchmark_optimizers [--rounds=15] [--modes=graph,xla,jax]
 """
 
 import dataclasses
+import json
 import os
+import subprocess
+import sys
 import time
 
 import keras
@@ -27,7 +34,7 @@ from keras_lars.tools import settings
 from keras_lars.tools.settings import at_least
 from keras_lars.tools.settings import setting
 
-MODES = ("graph", "xla")
+MODES = ("graph", "xla", "jax")
 SHAPES = ("resnet50", "keras_resnet50")
 
 
@@ -56,6 +63,13 @@ OPTIMIZERS = {
     "lamb": lambda: keras_lars.LAMB(1e-3, weight_decay=1e-2),
 }
 RATIOS = [("lars", "sgd_momentum", 1.4), ("lamb", "adam", 1.35), ("lamb", "keras_lamb", 1.0)]
+JAX_RATIOS = [
+    ("lars", "sgd_momentum", 1.3),
+    ("lamb", "adam", 1.3),
+    ("lamb", "keras_lamb", 1.0),
+    ("optax_lars", "optax_sgd_momentum", None),
+    ("optax_lamb", "optax_adamw", None),
+]
 
 
 def resnet50_shapes(kind):
@@ -84,23 +98,105 @@ def make_apply(optimizer, shapes, jit_compile):
     return apply
 
 
-def measure(shapes, modes, rounds):
+def _interleaved(applies, rounds):
+    """{name: median ms} of calling each `applies` entry once per round."""
+    for apply in applies.values():  # trace, compile, warm up
+        apply()
+        apply()
+    times = {name: [] for name in applies}
+    for _ in range(rounds):
+        for name, apply in applies.items():
+            start = time.perf_counter()
+            apply()
+            times[name].append(time.perf_counter() - start)
+    return {name: 1e3 * float(np.median(t)) for name, t in times.items()}
+
+
+def jax_applies(shapes):
+    """On Keras's JAX backend: one jitted stateless apply per optimizer,
+    and optax's lars, sgd, lamb and adamw with the same hyperparameters."""
+    import importlib.util
+
+    import jax
+
+    rng = np.random.default_rng(0)
+    params = [jax.numpy.asarray(rng.normal(0, 0.05, s).astype("float32")) for s in shapes]
+    grads = [jax.numpy.asarray(rng.normal(0, 1e-3, s).astype("float32")) for s in shapes]
+    applies = {}
+    for name, build in OPTIMIZERS.items():
+        optimizer = build()
+        optimizer.build([keras.Variable(p, name=f"v{i}") for i, p in enumerate(params)])
+        state = [v.value for v in optimizer.variables]
+        step = jax.jit(optimizer.stateless_apply)
+        applies[name] = lambda step=step, state=state: jax.block_until_ready(
+            step(state, grads, params)
+        )
+    if importlib.util.find_spec("optax") is None:
+        print("optax is not installed (pip install optax): no outside anchors", file=sys.stderr)
+        return applies
+    import optax
+
+    transforms = {
+        "optax_sgd_momentum": optax.chain(
+            optax.add_decayed_weights(1e-4), optax.sgd(0.1, momentum=0.9)
+        ),
+        "optax_lars": optax.lars(1.0, weight_decay=1e-4, momentum=0.9),
+        "optax_adamw": optax.adamw(1e-3, weight_decay=1e-2),
+        "optax_lamb": optax.lamb(1e-3, weight_decay=1e-2),
+    }
+    for name, transform in transforms.items():
+
+        def update(state, grads, params, transform=transform):
+            updates, state = transform.update(grads, state, params)
+            return optax.apply_updates(params, updates), state
+
+        # Arguments, not closed-over constants: XLA would fold their norms.
+        step, state = jax.jit(update), transform.init(params)
+        applies[name] = lambda step=step, state=state: jax.block_until_ready(
+            step(state, grads, params)
+        )
+    return applies
+
+
+def jax_child(shapes_kind, rounds):
+    """The "jax" mode, in a process whose KERAS_BACKEND is jax: prints JSON."""
+    import jax
+
+    assert keras.backend.backend() == "jax", keras.backend.backend()
+    results = _interleaved(jax_applies(resnet50_shapes(shapes_kind)), rounds)
+    print(json.dumps({"ms": results, "jax": jax.__version__}))
+
+
+def measure_jax(shapes_kind, rounds):
+    code = (
+        "import sys; from keras_lars.tools import benchmark_optimizers as b; "
+        "b.jax_child(sys.argv[1], int(sys.argv[2]))"
+    )
+    env = dict(os.environ, KERAS_BACKEND="jax", JAX_PLATFORMS="cpu", TF_CPP_MIN_LOG_LEVEL="3")
+    completed = subprocess.run(
+        [sys.executable, "-c", code, shapes_kind, str(rounds)],
+        env=env,
+        capture_output=True,
+        text=True,
+    )
+    if completed.returncode:
+        raise RuntimeError(f"the JAX benchmark failed:\n{completed.stderr[-3000:]}")
+    if "optax is not installed" in completed.stderr:
+        print("optax is not installed (pip install optax): no outside anchors")
+    return json.loads(completed.stdout.strip().splitlines()[-1])["ms"]
+
+
+def measure(shapes, modes, rounds, shapes_kind="resnet50"):
     """{mode: {optimizer: median ms}}, optimizers interleaved per round."""
     results = {}
     for mode in modes:
+        if mode == "jax":
+            results[mode] = measure_jax(shapes_kind, rounds)
+            continue
         applies = {
             name: make_apply(build(), shapes, mode == "xla") for name, build in OPTIMIZERS.items()
         }
-        for apply in applies.values():  # trace, compile, warm up
-            apply()
-            apply()
-        times = {name: [] for name in applies}
-        for _ in range(rounds):
-            for name, apply in applies.items():
-                start = time.perf_counter()
-                apply()
-                times[name].append(time.perf_counter() - start)
-        results[mode] = {name: 1e3 * float(np.median(t)) for name, t in times.items()}
+        results[mode] = _interleaved(applies, rounds)
     return results
 
 
@@ -114,14 +210,19 @@ def main(argv):
         f"{len(shapes)} variables, {sum(int(np.prod(s)) for s in shapes):,} parameters, "
         f"TF {tf.__version__}, Keras {keras.__version__}, {os.cpu_count()} CPUs"
     )
-    results = measure(shapes, options.modes, options.rounds)
+    results = measure(shapes, options.modes, options.rounds, options.shapes)
     for mode, ms in results.items():
         print(
             f"\n[{mode}] median ms per apply: "
             + ", ".join(f"{name} {value:.1f}" for name, value in ms.items())
         )
-        for ours, baseline, goal in RATIOS:
+        for ours, baseline, goal in JAX_RATIOS if mode == "jax" else RATIOS:
+            if ours not in ms:
+                continue
             ratio = ms[ours] / ms[baseline]
+            if goal is None:
+                print(f"  {ours} / {baseline} = {ratio:.2f}  (outside anchor)")
+                continue
             verdict = "ok" if ratio <= goal else "over goal"
             print(f"  {ours} / {baseline} = {ratio:.2f}  (goal <= {goal}: {verdict})")
 
