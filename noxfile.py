@@ -105,7 +105,7 @@ def _record(tensorflow, keras, report, seconds, partial):
 def wheel(session):
     """Builds the wheel, installs it (not editable) with the README's tool
     extras in a fresh environment, and from an unrelated directory checks
-    that it installed one top-level package, runs the three programs and
+    that it installed one top-level package, runs the four programs and
     builds ResNet-50 with its 25,557,032 parameters."""
     dist = session.create_tmp()
     session.run(
@@ -138,6 +138,7 @@ def wheel(session):
         ("keras-lars-train", "--global_batch_size"),
         ("keras-lars-study", "--batch_sizes"),
         ("keras-lars-make-tfrecords", "--input_dir"),
+        ("keras-lars-plan", "--algorithm"),
     ):
         # absl's --help exits with status 1.
         shown = session.run(program, "--help", silent=True, success_codes=[0, 1])
