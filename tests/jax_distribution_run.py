@@ -40,10 +40,12 @@ SETUPS = {
     ),
     "model_parallel_2x2": lambda: model_parallel((2, 2), jax.devices()[:4]),
     "model_parallel_2x4": lambda: model_parallel((2, 4), jax.devices()),
+    # 4 steps per compiled call (an on-device loop) on the same 2x4 mesh.
+    "model_parallel_2x4_spe4": lambda: model_parallel((2, 4), jax.devices()),
 }
 
 
-def train(optimizer):
+def train(optimizer, steps_per_execution=1):
     keras.utils.set_random_seed(1)
     model = keras.Sequential(
         [
@@ -55,6 +57,7 @@ def train(optimizer):
     model.compile(
         optimizer=OPTIMIZERS[optimizer](),
         loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+        steps_per_execution=steps_per_execution,
     )
     model.fit(x, y, batch_size=64, epochs=2, shuffle=False, verbose=0)
     return model
@@ -70,7 +73,7 @@ for optimizer in OPTIMIZERS:
     reference = [np.asarray(w) for w in train(optimizer).get_weights()]
     for name, setup in SETUPS.items():
         keras.distribution.set_distribution(setup())
-        model = train(optimizer)
+        model = train(optimizer, steps_per_execution=4 if name.endswith("_spe4") else 1)
         weights = [np.asarray(w) for w in model.get_weights()]
         slots = [v for v in model.optimizer.variables if "hidden_kernel" in v.path]
         results[f"{optimizer}/{name}"] = {

@@ -1,9 +1,9 @@
 """LARS and LAMB under keras.distribution on the JAX backend, on 8 simulated
 CPU devices (--xla_force_host_platform_device_count; no accelerator ran):
 data parallel over 8 and model parallel on 2x2 and 2x4 (batch, model)
-meshes, with the dense kernels sharded over "model", each train as on one
-device. A trust ratio taken from one shard's norm instead of the whole
-layer's would differ by O(1)."""
+meshes, with the dense kernels sharded over "model" (also with 4 steps per
+compiled call), each train as on one device. A trust ratio taken from one
+shard's norm instead of the whole layer's would differ by O(1)."""
 
 import json
 import os
@@ -40,7 +40,10 @@ def results():
 @requires_jax
 @pytest.mark.subprocess
 @pytest.mark.parametrize("optimizer", ["lars", "lamb"])
-@pytest.mark.parametrize("setup", ["data_parallel_8", "model_parallel_2x2", "model_parallel_2x4"])
+@pytest.mark.parametrize(
+    "setup",
+    ["data_parallel_8", "model_parallel_2x2", "model_parallel_2x4", "model_parallel_2x4_spe4"],
+)
 def test_distributed_training_equals_one_device(results, optimizer, setup):
     result = results[f"{optimizer}/{setup}"]
     # 8 steps; float32 sums in another order. Measured <= 2.6e-7.
