@@ -59,6 +59,12 @@ def run_tool(args, timeout=TIMEOUT, command=tool_command):
     )
 
 
+def start_tool(args, **streams):
+    """The tool started in the background (streams: Popen's stdout/stderr/text)."""
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
+    return subprocess.Popen(tool_command(*args), cwd=ROOT, env=env, **streams)
+
+
 def run_tools(arg_lists, parallel=2):
     """Runs the tool once per argument list, `parallel` at a time."""
     with concurrent.futures.ThreadPoolExecutor(parallel) as pool:
@@ -85,6 +91,14 @@ def h5_arrays(path):
             )
         )
     return arrays
+
+
+def assert_same_weights(expected_path, actual_path, at_least):
+    """Both weights files hold the same arrays (more than `at_least`), bit for bit."""
+    expected, actual = h5_arrays(expected_path), h5_arrays(actual_path)
+    assert expected.keys() == actual.keys() and len(expected) > at_least
+    for name in expected:
+        np.testing.assert_array_equal(expected[name], actual[name], err_msg=name)
 
 
 def jpeg_bytes(pixels, quality=95):
@@ -602,21 +616,12 @@ def test_rerun_after_kill_resumes_and_ends_as_an_uninterrupted_run(tmp_path):
         "--global_batch_size=64",
         "--base_learning_rate=4",
     ]
-    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
     whole, killed = tmp_path / "whole", tmp_path / "killed"
-    uninterrupted = subprocess.Popen(
-        tool_command(*args, f"--model_dir={whole}"),
-        cwd=ROOT,
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
+    uninterrupted = start_tool(
+        [*args, f"--model_dir={whole}"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT
     )
-    victim = subprocess.Popen(
-        tool_command(*args, f"--model_dir={killed}"),
-        cwd=ROOT,
-        env=env,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
+    victim = start_tool(
+        [*args, f"--model_dir={killed}"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
     )
     first = killed / "checkpoints" / "ckpt-0001.weights.h5"
     deadline = time.time() + TIMEOUT
@@ -640,10 +645,8 @@ def test_rerun_after_kill_resumes_and_ends_as_an_uninterrupted_run(tmp_path):
     assert summaries[0]["final"] == summaries[1]["final"]
     for a, b in zip(summaries[0]["history"], summaries[1]["history"]):
         assert {k: a[k] for k in metric_keys} == {k: b[k] for k in metric_keys}
-    weights = [h5_arrays(d / "checkpoints" / "ckpt-0003.weights.h5") for d in (whole, killed)]
-    assert weights[0].keys() == weights[1].keys() and len(weights[0]) > 20
-    for name in weights[0]:
-        np.testing.assert_array_equal(weights[0][name], weights[1][name], err_msg=name)
+    name = "ckpt-0003.weights.h5"
+    assert_same_weights(whole / "checkpoints" / name, killed / "checkpoints" / name, 20)
 
 
 def test_bad_input_is_one_line_naming_the_flag_or_file(finished_run, records, tmp_path):
@@ -816,15 +819,13 @@ def test_divergence_rollback_lowers_the_rate_and_a_resume_keeps_it(tmp_path):
     assert (state["rate_factor"], state["rollbacks"]) == (1e-6, 1)
 
     # A resume from epoch 1 keeps the lowered rate: the same last epoch.
-    final = h5_arrays(directory / "ckpt-0002.weights.h5")
-    for name in ("ckpt-0002.json", "ckpt-0002.weights.h5"):
-        (directory / name).unlink()
+    first_run = tmp_path / "first.weights.h5"
+    os.replace(directory / "ckpt-0002.weights.h5", first_run)
+    (directory / "ckpt-0002.json").unlink()
     resumed = run_tool(args)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert "rolling back" not in resumed.stderr
-    again = h5_arrays(directory / "ckpt-0002.weights.h5")
-    for name in final:
-        np.testing.assert_array_equal(final[name], again[name], err_msg=name)
+    assert_same_weights(first_run, directory / "ckpt-0002.weights.h5", 10)
 
 
 def test_divergence_after_the_last_rollback_is_an_error(tmp_path):
@@ -1030,22 +1031,12 @@ def test_sigterm_saves_within_the_epoch_and_the_rerun_ends_as_an_uninterrupted_r
         "--base_learning_rate=4",
         "--checkpoint_every_steps=4",
     ]
-    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
     whole, stopped = tmp_path / "whole", tmp_path / "stopped"
-    uninterrupted = subprocess.Popen(
-        tool_command(*args, f"--model_dir={whole}"),
-        cwd=ROOT,
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
+    uninterrupted = start_tool(
+        [*args, f"--model_dir={whole}"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT
     )
-    victim = subprocess.Popen(
-        tool_command(*args, f"--model_dir={stopped}"),
-        cwd=ROOT,
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
+    victim = start_tool(
+        [*args, f"--model_dir={stopped}"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
     )
 
     def inside_first_epoch():  # a step checkpoint of epoch 1 exists (the newest two are kept)
@@ -1073,10 +1064,8 @@ def test_sigterm_saves_within_the_epoch_and_the_rerun_ends_as_an_uninterrupted_r
     keys = ("val_loss", "val_accuracy", "learning_rate", "steps")
     for a, b in zip(summaries[0]["history"], summaries[1]["history"]):
         assert {k: a[k] for k in keys} == {k: b[k] for k in keys}
-    weights = [h5_arrays(d / "checkpoints" / "ckpt-0002.weights.h5") for d in (whole, stopped)]
-    assert weights[0].keys() == weights[1].keys() and len(weights[0]) > 20
-    for name in weights[0]:
-        np.testing.assert_array_equal(weights[0][name], weights[1][name], err_msg=name)
+    name = "ckpt-0002.weights.h5"
+    assert_same_weights(whole / "checkpoints" / name, stopped / "checkpoints" / name, 20)
 
 
 # --- multi-worker: waiting for the cluster, preemption ------------------------------
@@ -1189,10 +1178,8 @@ def test_sigterm_to_one_worker_stops_the_cluster_at_one_step_and_the_rerun_is_ex
     assert codes == [0, 0], "\n".join(e[-3000:] for e in errors)
     codes, errors = _finish(uninterrupted)
     assert codes == [0, 0], "\n".join(e[-3000:] for e in errors)
-    weights = [h5_arrays(d / "checkpoints" / "ckpt-0003.weights.h5") for d in (whole, stopped)]
-    assert weights[0].keys() == weights[1].keys() and len(weights[0]) > 10
-    for name in weights[0]:
-        np.testing.assert_array_equal(weights[0][name], weights[1][name], err_msg=name)
+    name = "ckpt-0003.weights.h5"
+    assert_same_weights(whole / "checkpoints" / name, stopped / "checkpoints" / name, 10)
 
 
 @pytest.mark.multiworker

@@ -547,6 +547,7 @@ class RunState(keras.callbacks.Callback):
         self.config, self.plan, self.schedule = config, plan, schedule
         self.state, self.strategy, self.record = state, strategy, record
         self.preemption = preemption
+        self._cluster = None  # TensorFlow's PreemptionCheckpointHandler, under multi_worker
         self._traced = False  # an epoch ran in this process (its functions are traced)
         # A resume inside an epoch: (epoch, steps already done in it).
         self._inside = (state["epochs_done"], state.get("steps_done", 0))
@@ -555,8 +556,6 @@ class RunState(keras.callbacks.Callback):
         self._saved_at = (self._step(), time.time())  # (step, time) of the last checkpoint
         if self.config.strategy == "multi_worker" and self._cluster is None:
             self._cluster = self._cluster_preemption_handler()
-
-    _cluster = None  # TensorFlow's PreemptionCheckpointHandler, under multi_worker
 
     def _cluster_preemption_handler(self):
         """A SIGTERM to any worker makes every worker save at the same step
@@ -609,7 +608,8 @@ class RunState(keras.callbacks.Callback):
     def on_train_batch_end(self, batch, logs=None):
         # Steps of this epoch run so far: from the optimizer, since Keras < 3.11
         # hands an execution's first step as `batch` (3.11+: its last).
-        done = self._step() - self._epoch_start_step
+        step = self._step()  # one read of the device counter per batch
+        done = step - self._epoch_start_step
         if self._first_batch is None:  # excludes tracing and pipeline start
             self._first_batch = (done, time.time())
         self._last_batch = (done, time.time())
@@ -630,14 +630,14 @@ class RunState(keras.callbacks.Callback):
             self._cluster.save_checkpoint_if_preempted()
             if self.preemption.signal and done < steps:
                 self._stop_if_preempted(done)  # saved by _cluster_save
-        if done < steps and self._checkpoint_due():
+        if done < steps and self._checkpoint_due(step):
             self._save(self._epoch, done)
             self._stop_if_preempted(done)
 
-    def _checkpoint_due(self):
+    def _checkpoint_due(self, step):
         if self.preemption.signal:
             return True
-        step, (last_step, last_time) = self._step(), self._saved_at
+        last_step, last_time = self._saved_at
         every = self.config.checkpoint_every_steps
         if every and step // every > last_step // every:
             return True
