@@ -95,6 +95,17 @@ def test_checks_name_the_flag_and_value(bad, message):
     assert str(error.value) == message
 
 
+def test_options_from_flags_builds_or_ends_with_one_line():
+    flag_values = flags.FlagValues()
+    settings.define_flags(Example, flag_values)
+    flag_values(["program", "--count=4"])
+    assert settings.options_from_flags(Example, flag_values).count == 4
+    flag_values(["program", "--count=0"])
+    with pytest.raises(SystemExit) as stop:
+        settings.options_from_flags(Example, flag_values)
+    assert stop.value.code == "error: --count=0: must be >= 1."
+
+
 def test_ints_become_floats_and_lists_tuples():
     example = Example(rate=1, items=["z"])
     assert example.rate == 1.0 and isinstance(example.rate, float)

@@ -219,7 +219,7 @@ def report(rows, workers):
 def main(argv):
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
-    options = AllReduceSettings(**settings.from_flags(AllReduceSettings)[0])
+    options = settings.options_from_flags(AllReduceSettings)
     print(f"{os.cpu_count()} CPUs; medians of {options.repeats} calls after {WARMUP_CALLS}")
     for workers in map(int, options.workers):
         text, _, _ = report(measure(workers, options.sizes, options.repeats), workers)

@@ -204,7 +204,7 @@ def main(argv):
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
     tf.get_logger().setLevel("ERROR")
-    options = BenchmarkSettings(**settings.from_flags(BenchmarkSettings)[0])
+    options = settings.options_from_flags(BenchmarkSettings)
     shapes = resnet50_shapes(options.shapes)
     print(
         f"{len(shapes)} variables, {sum(int(np.prod(s)) for s in shapes):,} parameters, "

@@ -124,7 +124,7 @@ def pipeline_throughput(records, image_size, batch_size, batches=30):
 def main(argv):
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
-    options = BenchmarkSettings(**settings.from_flags(BenchmarkSettings)[0])
+    options = settings.options_from_flags(BenchmarkSettings)
     size, batch, steps = options.size, options.batch, options.steps
     print(
         f"TF {tf.__version__}, Keras {keras.__version__}, {os.cpu_count()} CPUs; "

@@ -53,7 +53,6 @@ Importing this module has no side effects.
 import dataclasses
 import functools
 import math
-import sys
 
 from absl import app
 
@@ -1092,10 +1091,7 @@ def records_markdown():
 def main(argv):
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
-    try:
-        options = PlanSettings(**settings.from_flags(PlanSettings)[0])
-    except ConfigError as error:
-        sys.exit(f"error: {error}")
+    options = settings.options_from_flags(PlanSettings)
     if options.records:
         print(records_text())
         return

@@ -155,6 +155,15 @@ def from_flags(schema, flag_values=flags.FLAGS, exclude=()):
     return values, given
 
 
+def options_from_flags(schema, flag_values=flags.FLAGS):
+    """`schema` built from the parsed flags; a setting that fails its check
+    ends the program with one line `error: --name=value: requirement.`"""
+    try:
+        return schema(**from_flags(schema, flag_values)[0])
+    except ConfigError as error:
+        sys.exit(f"error: {error}")
+
+
 # --- docs ----------------------------------------------------------------------------
 def markdown_table(schema, exclude=(), defaults=None):
     """The settings of `schema` as a Markdown table: flag, default, help."""
