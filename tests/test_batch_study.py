@@ -171,7 +171,13 @@ def test_study_defaults_and_keys_cover_the_whole_config():
     assert [c.batch_size for c in cells[:4]] == [32, 128, 512, 1438]
     assert all(c.config.model_dir.startswith(os.path.join(study.study_dir, "cells")) for c in cells)
     key = cells[0].key
-    assert batch_study.cell_key(dataclasses.replace(config, model_dir="elsewhere")) == key
+    for field, value in (
+        ("model_dir", "elsewhere"),
+        ("log_every_seconds", 5.0),
+        ("checkpoint_every_steps", 7),
+        ("steps_per_execution", 2),
+    ):  # where and how it runs: not what it computes
+        assert batch_study.cell_key(dataclasses.replace(config, **{field: value})) == key, field
     for field, value in (
         ("weight_decay", 0.0),
         ("momentum", 0.8),
@@ -179,6 +185,7 @@ def test_study_defaults_and_keys_cover_the_whole_config():
         ("model", "resnet34"),
         ("image_size", 8),
         ("label_smoothing", 0.1),
+        ("backend", "jax"),
     ):
         assert batch_study.cell_key(dataclasses.replace(config, **{field: value})) != key, field
 

@@ -280,9 +280,14 @@ def study_from_flags(flag_values=flags.FLAGS):
 
 # --- the cells ---------------------------------------------------------------------------
 def cell_key(config):
-    """A hash of every field of `config` but its model dir, and PROTOCOL."""
-    fields = dataclasses.asdict(config)
-    fields.pop("model_dir")
+    """A hash of the settings of `config` that decide its numbers (all but
+    the resumable ones: where and how it runs, logs and checkpoints) and
+    PROTOCOL."""
+    fields = {
+        f.name: getattr(config, f.name)
+        for f in settings.fields(config)
+        if not f.metadata["resumable"]
+    }
     fields["study_protocol"] = PROTOCOL
     text = json.dumps(fields, sort_keys=True)
     return hashlib.sha256(text.encode()).hexdigest()[:20]
@@ -690,6 +695,7 @@ def run_study(study):
 def main(argv):
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
+    train.use_backend(flags.FLAGS.backend, "keras_lars.tools.batch_study")
     # Every cell builds a new model, which TensorFlow reports as "retracing".
     tf.get_logger().setLevel("ERROR")
     try:

@@ -67,6 +67,8 @@ MODELS = {
 }
 OPTIMIZERS = ("lars", "lamb", "sgd", "nesterov")
 STRATEGIES = ("default", "mirrored", "multi_worker", "tpu")
+BACKENDS = ("tensorflow", "jax")
+DISTRIBUTIONS = ("none", "data_parallel", "model_parallel")  # tools/jax_runtime.py
 PRECISIONS = {"float32": "float32", "bfloat16": "mixed_bfloat16", "float16": "mixed_float16"}
 RECIPES = ("none", "mlperf")
 SCALING_RULES = ("linear", "sqrt", "none")
@@ -179,6 +181,63 @@ class Config:
         "default: one device; mirrored: all local GPUs; multi_worker: the "
         "cluster of TF_CONFIG; tpu: the TPU at --tpu (keras_lars.make_strategy).",
         choices=STRATEGIES,
+        check=_needs(
+            lambda value, c: value == "default" or c.backend == "tensorflow",
+            "needs --backend=tensorflow (on JAX use --distribution)",
+        ),
+        resumable=True,
+    )
+    backend: str = setting(
+        None,
+        "Keras backend: tensorflow or jax (default: KERAS_BACKEND's, else "
+        "~/.keras/keras.json's); the program restarts itself on the one asked for.",
+        choices=BACKENDS,
+    )
+    distribution: str = setting(
+        "none",
+        "--backend=jax: none: one device; data_parallel: every device of every "
+        "process; model_parallel: a (batch, model) device mesh, the convolutions' "
+        "output channels and the dense kernels' inputs sharded over --model_axis_size "
+        "devices (keras.distribution; tools/jax_runtime.py).",
+        choices=DISTRIBUTIONS,
+        check=_needs(
+            lambda value, c: value == "none" or c.backend == "jax",
+            "needs --backend=jax (on TensorFlow use --strategy)",
+        ),
+        resumable=True,
+    )
+    model_axis_size: int = setting(
+        2,
+        "--distribution=model_parallel: devices along the mesh's model axis (the "
+        "batch axis gets the rest).",
+        check=at_least(1),
+        resumable=True,
+    )
+    coordinator_address: str = setting(
+        None,
+        "--backend=jax with several processes: host:port of process 0 (jax.distributed).",
+        resumable=True,
+    )
+    num_processes: int = setting(
+        1,
+        "--backend=jax: processes of the run (jax.distributed; each reads its share of "
+        "every batch); 0: detected by JAX on Cloud TPU, SLURM or Open MPI.",
+        check=_needs(
+            lambda value, c: (
+                value == 1
+                or (c.backend == "jax" and (value == 0 or (value > 1 and c.coordinator_address)))
+            ),
+            "needs --backend=jax, and > 1 needs --coordinator_address (0: detected by JAX)",
+        ),
+        resumable=True,
+    )
+    process_id: int = setting(
+        0,
+        "--backend=jax: this process's index, 0 to --num_processes - 1.",
+        check=_needs(
+            lambda value, c: c.num_processes < 1 or 0 <= value < c.num_processes,
+            "must be in [0, --num_processes)",
+        ),
         resumable=True,
     )
     allreduce_dtype: str = setting(
@@ -187,6 +246,10 @@ class Config:
         "float16 halve the bytes on the wire; float16 scales each gradient by a power of "
         "two first (keras_lars.LARS/LAMB `allreduce_dtype`).",
         choices=("float32", "bfloat16", "float16"),
+        check=_needs(
+            lambda value, c: value == "float32" or c.backend == "tensorflow",
+            "needs --backend=tensorflow (on JAX, XLA chooses the collectives)",
+        ),
     )
     tpu: str = setting(
         None, "TPU name, grpc://address or 'local' (default: $TPU_NAME).", resumable=True
@@ -303,6 +366,8 @@ class Config:
     )
 
     def __post_init__(self):
+        if self.backend is None:
+            object.__setattr__(self, "backend", keras.backend.backend())
         if self.image_size == 0 and self.dataset in input_pipeline.SOURCES:
             default = input_pipeline.SOURCES[self.dataset].default_image_size
             object.__setattr__(self, "image_size", default)
@@ -534,6 +599,11 @@ class Preemption:
                 signal.signal(number, handler)
 
 
+def processes(strategy):
+    """The processes of a JAX run (tools/jax_runtime.py); 1 on TensorFlow."""
+    return getattr(strategy, "processes", 1)
+
+
 class RunState(keras.callbacks.Callback):
     """Per epoch: reseeds the model's random layers (dropout) from (seed,
     epoch) so that a resumed epoch draws what the uninterrupted one drew;
@@ -578,7 +648,7 @@ class RunState(keras.callbacks.Callback):
     def _cluster_stop(self):
         self.preemption.signal = "SIGTERM"
         print(
-            "a worker of the cluster received SIGTERM: every worker stops at this step",
+            "a process of the cluster received SIGTERM: every process stops at this step",
             file=sys.stderr,
             flush=True,
         )
@@ -625,6 +695,11 @@ class RunState(keras.callbacks.Callback):
                 f"epoch {self._epoch + 1}/{self.plan.epochs}: step {done}/{steps}{shown}",
                 flush=True,
             )
+        if processes(self.strategy) > 1 and not self.preemption.signal:
+            from keras_lars.tools import jax_runtime
+
+            if jax_runtime.preempted_at(step):  # every process stops at this step
+                self._cluster_stop()
         if self._cluster is not None:
             self._done = done
             self._cluster.save_checkpoint_if_preempted()
@@ -835,21 +910,42 @@ def train_and_evaluate(config):
     keras.utils.set_random_seed(config.seed)
     keras.mixed_precision.set_global_policy(PRECISIONS[config.precision])
     preemption = Preemption()
-    if config.strategy == "multi_worker":
-        wait_for_workers(config, preemption)
-    strategy = make_strategy(config)
+    if config.backend == "jax":
+        from keras_lars.tools import jax_runtime
+
+        try:
+            with preemption.handling(action="stopping the wait for the other processes"):
+                jax_runtime.start_processes(config, stop=lambda: preemption.signal)
+        except InterruptedError as error:
+            raise Preempted(f"{error}; nothing was trained; run the same command") from None
+        data = input_pipeline.load(config)
+        strategy = jax_runtime.make_devices(config, lambda: variable_shapes(config, data.info))
+        where = f"--distribution={config.distribution}"
+        print(f"{where}: {strategy.description}", flush=True)
+    else:
+        if config.strategy == "multi_worker":
+            wait_for_workers(config, preemption)
+        strategy, where = make_strategy(config), f"--strategy={config.strategy}"
+        data = input_pipeline.load(config)
     replicas = strategy.num_replicas_in_sync
     if config.global_batch_size % replicas:
         raise ConfigError(
             f"--global_batch_size={config.global_batch_size} is not divisible by "
-            f"the {replicas} replicas of --strategy={config.strategy}."
+            f"the {replicas} replicas of {where}."
         )
-    data = input_pipeline.load(config)
     plan = make_plan(config, data.info.num_train)
     record = prepare_model_dir(config, data.info, strategy)
     chief = keras_lars.distribute.is_chief(strategy)
     with storage.exclusive(config.model_dir) if chief else contextlib.nullcontext():
         return _train(config, strategy, data, plan, record, started, preemption)
+
+
+def variable_shapes(config, info):
+    """{path: shape} of the model's variables (a model built and dropped)."""
+    shapes = {v.path: tuple(v.shape) for v in create_model(config, info.num_classes).weights}
+    keras.backend.clear_session()
+    keras.utils.set_random_seed(config.seed)
+    return shapes
 
 
 def wait_for_workers(config, preemption):
@@ -971,9 +1067,10 @@ def _fit(config, strategy, data, plan, record, preemption, rollback=None):
                 verbose=0,
             )
 
-        # One process of a multi-worker cluster cannot stop alone: there
-        # TensorFlow's PreemptionCheckpointHandler (RunState) takes SIGTERM.
-        single_process = config.strategy != "multi_worker"
+        # One process of a cluster cannot stop alone: there TensorFlow's
+        # PreemptionCheckpointHandler or JAX's preemption sync point (RunState)
+        # takes SIGTERM.
+        single_process = config.strategy != "multi_worker" and processes(strategy) == 1
         try:
             with preemption.handling(enabled=single_process):
                 if skip:  # the rest of the epoch a checkpoint was taken inside
@@ -1038,17 +1135,30 @@ def write_summary(config, plan, state, wall_seconds, strategy=None):
     return summary
 
 
+def use_backend(wanted, module):
+    """Makes sure Keras runs on `wanted` (None: the configured backend): the
+    program restarts itself (`python -m module` with the same arguments)
+    with KERAS_BACKEND=wanted if Keras was loaded with another one, and exits
+    with one error line on a backend the tools do not run on."""
+    loaded = keras.backend.backend()
+    if wanted and wanted != loaded:
+        sys.stdout.flush(), sys.stderr.flush()
+        command = [sys.executable, "-m", module, *sys.argv[1:]]
+        os.execve(sys.executable, command, dict(os.environ, KERAS_BACKEND=wanted))
+    if loaded not in BACKENDS:
+        sys.exit(
+            f"error: Keras's backend is {loaded!r} (KERAS_BACKEND or ~/.keras/keras.json); "
+            f"the tools run on {' or '.join(BACKENDS)}: set --backend or KERAS_BACKEND."
+        )
+
+
 def main(argv):
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
-    if keras.backend.backend() != "tensorflow":
-        sys.exit(
-            f"error: the training tool runs on Keras's TensorFlow backend, not "
-            f"{keras.backend.backend()!r} (KERAS_BACKEND or ~/.keras/keras.json): "
-            "set KERAS_BACKEND=tensorflow."
-        )
+    values, given = settings.from_flags(Config)
+    use_backend(values["backend"], "keras_lars.tools.train")
     try:
-        train_and_evaluate(config_from_flags(*settings.from_flags(Config)))
+        train_and_evaluate(config_from_flags(values, given))
     except Preempted as error:
         print(f"preempted: {error}", file=sys.stderr, flush=True)
         sys.exit(EXIT_PREEMPTED)

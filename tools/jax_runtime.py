@@ -1,0 +1,225 @@
+"""The training tool on Keras's JAX backend: processes, devices and keras.distribution.
+
+    --distribution=none            one process, one device
+    --distribution=data_parallel   a ("batch",) mesh of every device of every process;
+                                   variables replicated
+    --distribution=model_parallel  a ("batch", "model") mesh with --model_axis_size
+                                   devices along "model" (within one process); each
+                                   convolution wider than 1x1 shards its output
+                                   channels, each dense kernel its input features over
+                                   "model" (where the size divides), the rest is
+                                   replicated
+
+XLA partitions the compiled step (GSPMD): batch-norm statistics are those of
+the global batch, and the optimizers' trust ratios use the norms of whole
+variables, not of one device's shard.
+
+Several processes (hosts of a pod) start through `jax.distributed.initialize`
+(--coordinator_address, --num_processes, --process_id; --num_processes=0 lets
+JAX detect them on Cloud TPU, SLURM or Open MPI). Process i of n reads input
+pipeline i of n, as a worker under MultiWorkerMirroredStrategy does, and JAX
+assembles each global batch from the processes' shares. A SIGTERM to any
+process stops all of them at one step (JAX's preemption sync point).
+"""
+
+import contextlib
+import inspect
+import re
+import socket
+import time
+import types
+
+import jax
+import keras
+import tensorflow as tf
+
+from keras_lars.tools.settings import ConfigError
+
+DISTRIBUTIONS = ("none", "data_parallel", "model_parallel")
+
+
+def start_processes(config, stop=lambda: False):
+    """Joins the processes of --coordinator_address/--num_processes/
+    --process_id (jax.distributed) unless the run has one process. Call
+    before anything touches a JAX device. `stop()` true ends the wait for
+    the others with InterruptedError."""
+    # tf.data is the input pipeline: keep TensorFlow off the accelerators.
+    with contextlib.suppress(RuntimeError):  # TensorFlow's devices already started
+        tf.config.set_visible_devices([], "GPU")
+    if config.num_processes == 1:
+        return
+    timeout = 60 * config.worker_start_timeout_minutes
+    arguments = {"initialization_timeout": max(int(timeout), 1)}
+    if config.num_processes > 1:
+        flags = (
+            f"--coordinator_address={config.coordinator_address} "
+            f"--num_processes={config.num_processes} --process_id={config.process_id}"
+        )
+        # jax.distributed aborts the process (no exception) when a process
+        # is missing at its deadline: meet the others first.
+        try:
+            wait_for_processes(
+                config.coordinator_address,
+                config.num_processes,
+                config.process_id,
+                timeout,
+                log=lambda line: print(line, flush=True),
+                stop=stop,
+            )
+        except (TimeoutError, OSError, ValueError) as error:
+            raise ConfigError(
+                f"{flags}: cannot join the other processes within "
+                f"--worker_start_timeout_minutes={config.worker_start_timeout_minutes:g}: {error}"
+            ) from None
+        arguments.update(
+            coordinator_address=config.coordinator_address,
+            num_processes=config.num_processes,
+            process_id=config.process_id,
+        )
+    jax.distributed.initialize(**arguments)
+
+
+def wait_for_processes(address, processes, process_id, timeout_seconds, log, stop=lambda: False):
+    """Returns once all `processes` have started, before jax.distributed
+    starts. Process 0 listens on `address` (host:port, the coordinator's)
+    and answers once every other process has connected and said its id; the
+    others connect (retrying) and wait for that answer. Logs who is missing
+    every 30 s; TimeoutError names them; InterruptedError once `stop()`."""
+    host, _, port = address.rpartition(":")
+    if not host or not port.isdigit():
+        raise ValueError(f"{address!r} is not host:port")
+    started = reported = time.monotonic()
+    deadline = started + timeout_seconds
+
+    def tick(missing):
+        nonlocal reported
+        if stop():
+            raise InterruptedError("stopped while waiting for the other processes")
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{missing} did not start within {timeout_seconds:g} s")
+        if time.monotonic() - reported >= 30:
+            reported = time.monotonic()
+            log(f"waiting for {missing} ({reported - started:.0f} of {timeout_seconds:g} s)")
+
+    if process_id == 0:
+        arrived = {}
+        with socket.create_server(("", int(port))) as server:
+            server.settimeout(0.5)
+            while len(arrived) < processes - 1:
+                missing = sorted(set(range(1, processes)) - set(arrived))
+                names = "process" + ("es " if len(missing) > 1 else " ")
+                tick(f"{names}{', '.join(map(str, missing))} at {address}")
+                with contextlib.suppress(OSError):
+                    connection, _ = server.accept()
+                    connection.settimeout(5)
+                    arrived[int(connection.recv(16).decode())] = connection
+            for connection in arrived.values():
+                with connection:
+                    connection.sendall(b"go")
+        return
+    while True:
+        tick(f"process 0 at {address}")
+        try:
+            with socket.create_connection((host, int(port)), timeout=1) as connection:
+                connection.sendall(str(process_id).encode())
+                connection.settimeout(max(deadline - time.monotonic(), 0.1))
+                if connection.recv(2) == b"go":
+                    return
+        except OSError:  # not listening yet, or the answer timed out
+            time.sleep(0.5)
+
+
+class Devices:
+    """keras.distribution set up for the tool, behind the few members of
+    tf.distribute.Strategy the tool uses: `scope()`, `num_replicas_in_sync`
+    (the ways the global batch is split), `extended.should_checkpoint` (process
+    0 writes) and `distribute_datasets_from_function` (this process's input
+    pipeline; its batches are this process's share of each global batch)."""
+
+    def __init__(self, distribution, batch_ways, description):
+        self.distribution, self.description = distribution, description
+        self.num_replicas_in_sync = batch_ways
+        self.processes = jax.process_count()
+        self.extended = types.SimpleNamespace(should_checkpoint=jax.process_index() == 0)
+
+    def scope(self):
+        return contextlib.nullcontext()
+
+    def distribute_datasets_from_function(self, dataset_fn):
+        processes = jax.process_count()
+        return dataset_fn(tf.distribute.InputContext(processes, jax.process_index(), processes))
+
+
+def model_parallel_layouts(shapes, model_axis_size):
+    """{variable path: layout} of the variables sharded over "model", from
+    {path: shape}: a convolution kernel (h, w, in, out) wider than 1x1 by its
+    output channels, a dense kernel (in, out) by its input features, each
+    only where `model_axis_size` divides that size."""
+    layouts = {}
+    for path, shape in shapes.items():
+        if len(shape) == 4 and shape[0] * shape[1] > 1 and shape[3] % model_axis_size == 0:
+            layouts[path] = (None, None, None, "model")
+        elif len(shape) == 2 and shape[0] % model_axis_size == 0:
+            layouts[path] = ("model", None)
+    return layouts
+
+
+def make_devices(config, variable_shapes):
+    """Sets the keras.distribution of --distribution over every device of
+    every process and returns its Devices. `variable_shapes()` ({path: shape}
+    of the model's variables) places model_parallel's shards."""
+    devices, processes = jax.devices(), jax.process_count()
+    keras.distribution.set_distribution(None)
+    if config.distribution == "none":
+        if processes > 1:
+            raise ConfigError(
+                f"--num_processes={processes} needs --distribution=data_parallel or model_parallel."
+            )
+        return Devices(None, 1, f"one device ({devices[0].platform})")
+    if config.distribution == "data_parallel":
+        mesh = keras.distribution.DeviceMesh((len(devices),), ["batch"], devices)
+        distribution = keras.distribution.DataParallel(device_mesh=mesh, auto_shard_dataset=False)
+        keras.distribution.set_distribution(distribution)
+        return Devices(distribution, len(devices), _describe(devices, "batch"))
+    size, local = config.model_axis_size, jax.local_device_count()
+    if processes > 1:
+        # Keras saves a variable through numpy, which a variable sharded over
+        # devices of several processes cannot give.
+        raise ConfigError(
+            f"--distribution=model_parallel runs in one process (--num_processes={processes}); "
+            "use --distribution=data_parallel across processes."
+        )
+    if local % size:
+        raise ConfigError(
+            f"--model_axis_size={size} must divide the {local} devices of the process."
+        )
+    mesh = keras.distribution.DeviceMesh((len(devices) // size, size), ["batch", "model"], devices)
+    layout_map = keras.distribution.LayoutMap(mesh)
+    shapes = variable_shapes()
+    layouts = model_parallel_layouts(shapes, size)
+    for path, layout in layouts.items():
+        layout_map[re.escape(path)] = layout
+    arguments = {"layout_map": layout_map, "batch_dim_name": "batch", "auto_shard_dataset": False}
+    if "device_mesh" in inspect.signature(keras.distribution.ModelParallel).parameters:
+        arguments["device_mesh"] = mesh  # Keras < 3.11
+    distribution = keras.distribution.ModelParallel(**arguments)
+    keras.distribution.set_distribution(distribution)
+    sharded = f"{len(layouts)} of {len(shapes)} variables sharded over model"
+    described = _describe(devices, f"batch {len(devices) // size} x model {size}", sharded)
+    return Devices(distribution, len(devices) // size, described)
+
+
+def _describe(devices, mesh, *more):
+    processes = jax.process_count()
+    where = f" in {processes} processes" if processes > 1 else ""
+    parts = [f"{len(devices)} {devices[0].platform} devices{where}", f"mesh {mesh}", *more]
+    return ", ".join(parts)
+
+
+def preempted_at(step):
+    """Whether every process has agreed to stop at `step` after a SIGTERM to
+    any of them (jax.distributed's preemption sync point; False in a
+    single process)."""
+    from jax.experimental import multihost_utils
+
+    return bool(multihost_utils.reached_preemption_sync_point(step))
