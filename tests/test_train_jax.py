@@ -7,11 +7,13 @@ distributed setup ends where one device ends, up to float32 summation
 order: data parallel over 8 devices, model parallel on a 2x4 (batch, model)
 mesh, 4 steps per compiled call, and 2 processes x 4 devices joined by
 jax.distributed on localhost. A SIGKILL and a rerun end bit for bit where
-an uninterrupted run ends.
+an uninterrupted run ends; so do a SIGTERM to one of two processes (both
+stop at one step) and a rerun.
 """
 
 import json
 import os
+import re
 import signal
 import subprocess
 import time
@@ -38,6 +40,7 @@ SHORT = (
     "--warmup_epochs=0.25",
     "--checkpoint_every_steps=4",
     "--log_every_seconds=0",
+    "--noeval",
 )
 # Two steps, a checkpoint after each. Runs on different devices agree to
 # float32 rounding only until a ReLU input within rounding of 0 takes the
@@ -47,6 +50,7 @@ SHORT = (
 # step 2 (from stage 4's first block down, the layers above within 7e-6).
 # So the distributions are compared after the first step.
 TWO_STEPS = (*SHORT[:2], "--train_steps=2", "--warmup_epochs=0.05", "--checkpoint_every_steps=1")
+TWO_STEPS += SHORT[-2:]
 
 
 def jax_env(devices=8):
@@ -113,16 +117,19 @@ def runs(tmp_path_factory):
         "data_parallel_8_spe2": [(["--distribution=data_parallel", "--steps_per_execution=2"], 8)],
         "two_processes_x4": [([*cluster, f"--process_id={i}"], 4) for i in range(2)],
     }
-    found = {}
-    for name, processes in setups.items():  # one setup at a time: 2 cores
-        model_dir = str(root / name)
-        started = [
-            start([*TWO_STEPS, f"--model_dir={model_dir}", *flags], devices)
-            for flags, devices in processes
-        ]
-        outcomes = [finish(process) for process in started]
-        status = max(code for code, _ in outcomes)
-        found[name] = (model_dir, status, "\n".join(output for _, output in outcomes))
+    found, names = {}, list(setups)
+    for pair in (names[0:2], names[2:4], names[4:]):  # two processes at a time: 2 cores
+        started = {
+            name: [
+                start([*TWO_STEPS, f"--model_dir={root / name}", *flags], devices)
+                for flags, devices in setups[name]
+            ]
+            for name in pair
+        }
+        for name, processes in started.items():
+            outcomes = [finish(process) for process in processes]
+            status = max(code for code, _ in outcomes)
+            found[name] = (str(root / name), status, "\n".join(out for _, out in outcomes))
     return found
 
 
@@ -164,26 +171,60 @@ def test_the_meshes_are_the_ones_asked_for(runs):
         assert line in runs[setup][2], (setup, runs[setup][2][-2000:])
 
 
-def test_sigkill_then_rerun_ends_bit_for_bit_as_the_uninterrupted_run(tmp_path):
-    command = [*SHORT, "--distribution=data_parallel"]
-    expected_dir = str(tmp_path / "uninterrupted")
-    status, output = finish(start([*command, f"--model_dir={expected_dir}"]))
-    assert status == 0, output[-3000:]
-    model_dir = str(tmp_path / "killed")
-    command.append(f"--model_dir={model_dir}")
-    process = start(command)
+def two_processes(model_dir, port, stop=None, after=None):
+    """Runs SHORT on 2 processes x 4 devices; with `stop` (a signal), sends
+    it once the file `after` exists: SIGTERM to process 1, SIGKILL to both.
+    Returns [(exit status, output)] of the two."""
+    cluster = ["--distribution=data_parallel", "--num_processes=2"]
+    cluster += [f"--coordinator_address=localhost:{port}", f"--model_dir={model_dir}"]
+    processes = [start([*SHORT, *cluster, f"--process_id={i}"], devices=4) for i in range(2)]
+    if stop:
+        deadline = time.time() + TIMEOUT
+        while not os.path.exists(after) and time.time() < deadline:
+            assert processes[1].poll() is None, processes[1].communicate()[0][-3000:]
+            time.sleep(0.05)
+        for process in processes if stop == signal.SIGKILL else processes[1:]:
+            process.send_signal(stop)
+    return [finish(process) for process in processes]
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory):
+    """The model dir of SHORT on 2 processes x 4 devices, run through."""
+    model_dir = str(tmp_path_factory.mktemp("jax_cluster") / "uninterrupted")
+    for status, output in two_processes(model_dir, free_ports(1)[0]):
+        assert status == 0, output[-3000:]
+    return model_dir
+
+
+def test_sigkill_then_rerun_ends_bit_for_bit_as_the_uninterrupted_run(uninterrupted, tmp_path):
+    """Both processes SIGKILLed after the step-4 checkpoint; the rerun resumes there."""
+    model_dir, port = str(tmp_path / "killed"), free_ports(1)[0]
     first = os.path.join(model_dir, "checkpoints", "ckpt-0000-000004.weights.h5")
-    deadline = time.time() + TIMEOUT
-    while not os.path.exists(first) and process.poll() is None and time.time() < deadline:
-        time.sleep(0.05)
-    assert os.path.exists(first), process.communicate()[0][-3000:]
-    process.send_signal(signal.SIGKILL)
-    process.communicate()
-    assert not os.path.exists(final_weights(model_dir))
-    status, output = finish(start(command))
-    assert status == 0, output[-3000:]
-    assert "resuming" in output and "step 4 of epoch 1" in output, output[-3000:]
-    assert_same_weights(final_weights(expected_dir), final_weights(model_dir), at_least=100)
+    two_processes(model_dir, port, stop=signal.SIGKILL, after=first)
+    assert os.path.exists(first) and not os.path.exists(final_weights(model_dir))
+    for status, output in two_processes(model_dir, port):
+        assert status == 0, output[-3000:]
+        assert "resuming" in output and "of epoch 1" in output, output[-3000:]
+    assert_same_weights(final_weights(uninterrupted), final_weights(model_dir), at_least=100)
+
+
+def test_sigterm_to_one_process_stops_both_at_one_step_and_the_rerun_is_exact(
+    uninterrupted, tmp_path
+):
+    """A SIGTERM to process 1 makes both save at one step (JAX's preemption
+    sync point) and exit 75; the rerun ends bit for bit as the
+    uninterrupted run."""
+    model_dir, port = str(tmp_path / "preempted"), free_ports(1)[0]
+    first = os.path.join(model_dir, "checkpoints", "ckpt-0000-000004.weights.h5")
+    stops = set()
+    for status, output in two_processes(model_dir, port, stop=signal.SIGTERM, after=first):
+        assert status == train.EXIT_PREEMPTED, output[-3000:]
+        stops.add(re.search(r"preempted: stopped by SIGTERM at step (\d+)", output).group(1))
+    assert len(stops) == 1 and 4 <= int(stops.pop()) < 12  # one step, inside the run
+    for status, output in two_processes(model_dir, port):
+        assert status == 0 and "resuming" in output, output[-3000:]
+    assert_same_weights(final_weights(uninterrupted), final_weights(model_dir), at_least=100)
 
 
 def test_the_backend_flag_restarts_the_program_on_jax(tmp_path):

@@ -38,39 +38,43 @@ from keras_lars.tools.settings import ConfigError
 DISTRIBUTIONS = ("none", "data_parallel", "model_parallel")
 
 
-def start_processes(config, stop=lambda: False):
-    """Joins the processes of --coordinator_address/--num_processes/
-    --process_id (jax.distributed) unless the run has one process. Call
-    before anything touches a JAX device. `stop()` true ends the wait for
-    the others with InterruptedError."""
+def meet_processes(config, stop=lambda: False):
+    """Waits until every process of --num_processes > 1 has started (a
+    ConfigError naming the flags at --worker_start_timeout_minutes):
+    jax.distributed aborts the process, with no exception, when one is
+    missing at its deadline. `stop()` true ends the wait (InterruptedError)."""
+    if config.num_processes <= 1:
+        return
+    try:
+        wait_for_processes(
+            config.coordinator_address,
+            config.num_processes,
+            config.process_id,
+            60 * config.worker_start_timeout_minutes,
+            log=lambda line: print(line, flush=True),
+            stop=stop,
+        )
+    except (TimeoutError, OSError, ValueError) as error:
+        raise ConfigError(
+            f"--coordinator_address={config.coordinator_address} "
+            f"--num_processes={config.num_processes} --process_id={config.process_id}: "
+            "cannot join the other processes within "
+            f"--worker_start_timeout_minutes={config.worker_start_timeout_minutes:g}: {error}"
+        ) from None
+
+
+def start_processes(config):
+    """Joins the processes of the run (jax.distributed; after
+    `meet_processes`) unless it has one. Call before anything touches a JAX
+    device. From here on, SIGTERM belongs to JAX's preemption notifier."""
     # tf.data is the input pipeline: keep TensorFlow off the accelerators.
     with contextlib.suppress(RuntimeError):  # TensorFlow's devices already started
         tf.config.set_visible_devices([], "GPU")
     if config.num_processes == 1:
         return
-    timeout = 60 * config.worker_start_timeout_minutes
-    arguments = {"initialization_timeout": max(int(timeout), 1)}
+    timeout = max(int(60 * config.worker_start_timeout_minutes), 1)
+    arguments = {"initialization_timeout": timeout}
     if config.num_processes > 1:
-        flags = (
-            f"--coordinator_address={config.coordinator_address} "
-            f"--num_processes={config.num_processes} --process_id={config.process_id}"
-        )
-        # jax.distributed aborts the process (no exception) when a process
-        # is missing at its deadline: meet the others first.
-        try:
-            wait_for_processes(
-                config.coordinator_address,
-                config.num_processes,
-                config.process_id,
-                timeout,
-                log=lambda line: print(line, flush=True),
-                stop=stop,
-            )
-        except (TimeoutError, OSError, ValueError) as error:
-            raise ConfigError(
-                f"{flags}: cannot join the other processes within "
-                f"--worker_start_timeout_minutes={config.worker_start_timeout_minutes:g}: {error}"
-            ) from None
         arguments.update(
             coordinator_address=config.coordinator_address,
             num_processes=config.num_processes,

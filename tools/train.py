@@ -915,9 +915,10 @@ def train_and_evaluate(config):
 
         try:
             with preemption.handling(action="stopping the wait for the other processes"):
-                jax_runtime.start_processes(config, stop=lambda: preemption.signal)
+                jax_runtime.meet_processes(config, stop=lambda: preemption.signal)
         except InterruptedError as error:
             raise Preempted(f"{error}; nothing was trained; run the same command") from None
+        jax_runtime.start_processes(config)
         data = input_pipeline.load(config)
         strategy = jax_runtime.make_devices(config, lambda: variable_shapes(config, data.info))
         where = f"--distribution={config.distribution}"
