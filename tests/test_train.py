@@ -1170,7 +1170,7 @@ def test_sigterm_to_one_worker_stops_the_cluster_at_one_step_and_the_rerun_is_ex
     codes, errors = _finish(victims)
     assert codes == [train.EXIT_PREEMPTED] * 2, "\n".join(e[-3000:] for e in errors)
     for error in errors:
-        assert "a worker of the cluster received SIGTERM" in error
+        assert "a process of the cluster received SIGTERM" in error
     saved = checkpoints.saved(str(stopped / "checkpoints"))[-1]
     assert (1, 0) < saved < (3, 0)  # after the first epoch, before the end
     assert "waiting for" not in "".join(errors)  # a 5 s start gap is no news
