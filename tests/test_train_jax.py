@@ -27,8 +27,11 @@ from keras_lars.tools.settings import ConfigError
 from tests.conftest import requires_jax
 from tests.test_train import ROOT
 from tests.test_train import assert_same_weights
+from tests.test_train import example
 from tests.test_train import h5_arrays
+from tests.test_train import jpeg_bytes
 from tests.test_train import tool_command
+from tests.test_train import write_records
 
 pytestmark = [requires_jax, pytest.mark.subprocess]
 TIMEOUT = 400
@@ -244,6 +247,25 @@ def test_the_backend_flag_restarts_the_program_on_jax(tmp_path):
     assert bad.returncode == 1, bad.stderr[-3000:]
     last = bad.stderr.strip().splitlines()[-1]
     assert last == "error: --model_axis_size=3 must divide the 1 devices of the process."
+
+
+def test_a_bad_record_is_one_line_naming_it_on_jax(tmp_path):
+    """AlexNet (dropout: its seed generators are uint32 on JAX) on TFRecords
+    whose record 5 is not a JPEG: the error names the file and the record."""
+    jpeg = jpeg_bytes(np.full((20, 20, 3), 128))
+    data = tmp_path / "bad_middle"
+    data.mkdir()
+    records = [example(jpeg, 1 + i % 2) for i in range(12)]
+    records[5] = example(b"\xff\xd8 broken", 1)
+    write_records(data / "train-00000-of-00001", records)
+    write_records(data / "validation-00000-of-00001", [example(jpeg, 1)])
+    flags = ["--dataset=imagenet", f"--data_dir={data}", "--model=alexnet", "--num_classes=2"]
+    flags += ["--image_size=16", "--global_batch_size=4", "--warmup_epochs=0"]
+    flags += ["--train_examples=12", "--eval_examples=1", "--train_steps=3"]
+    status, output = finish(start([*flags, f"--model_dir={tmp_path / 'run'}"], devices=1))
+    last = output.strip().splitlines()[-1]
+    assert status == 1, output[-3000:]
+    assert last.startswith(f"error: {data}/train-00000-of-00001: record 5: image/encoded is not")
 
 
 def test_jax_settings_are_checked_against_the_backend():

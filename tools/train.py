@@ -39,6 +39,7 @@ import threading
 import time
 
 import keras
+import numpy as np
 import tensorflow as tf
 from absl import app
 
@@ -663,8 +664,12 @@ class RunState(keras.callbacks.Callback):
             if variable.path in saved:
                 variable.assign(saved[variable.path])
             else:
-                first = keras.ops.convert_to_numpy(variable)[0]
-                variable.assign([first, (epoch + 1) << 32])
+                # The counter of epoch e starts at (e + 1) << 32 (int64 state, on
+                # TensorFlow) or (e + 1) << 20 (uint32, on JAX: 2^20 draws an
+                # epoch, 4095 epochs).
+                state = keras.ops.convert_to_numpy(variable)
+                shift = 32 if state.dtype.itemsize == 8 else 20
+                variable.assign(np.array([state[0], (epoch + 1) << shift], state.dtype))
         self._epoch, self._start, self._first_batch = epoch, time.time(), None
         self._logged_at = self._start
         self._epoch_start_step = self._step() - resumed_steps
