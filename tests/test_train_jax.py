@@ -268,6 +268,23 @@ def test_a_bad_record_is_one_line_naming_it_on_jax(tmp_path):
     assert last.startswith(f"error: {data}/train-00000-of-00001: record 5: image/encoded is not")
 
 
+def test_process_settings_come_from_the_environment_unless_given(monkeypatch):
+    monkeypatch.setenv("JAX_COORDINATOR_ADDRESS", "host0:1234")
+    monkeypatch.setenv("JAX_NUM_PROCESSES", "4")
+    monkeypatch.setenv("JAX_PROCESS_ID", "3")
+    values = {"backend": "jax", "distribution": "data_parallel", "process_id": 2}
+    config = train.config_from_flags(values, given={"backend", "distribution", "process_id"})
+    assert (config.coordinator_address, config.num_processes, config.process_id) == (
+        "host0:1234",
+        4,
+        2,
+    )
+    assert train.config_from_flags({"backend": "tensorflow"}).num_processes == 1  # JAX only
+    monkeypatch.setenv("JAX_NUM_PROCESSES", "four")
+    with pytest.raises(ConfigError, match="JAX_NUM_PROCESSES='four' .for --num_processes.: not"):
+        train.config_from_flags(values, given={"backend"})
+
+
 def test_jax_settings_are_checked_against_the_backend():
     with pytest.raises(ConfigError, match="--distribution=data_parallel: needs --backend=jax"):
         train.Config(backend="tensorflow", distribution="data_parallel")

@@ -216,13 +216,15 @@ class Config:
     )
     coordinator_address: str = setting(
         None,
-        "--backend=jax with several processes: host:port of process 0 (jax.distributed).",
+        "--backend=jax with several processes: host:port of process 0 (jax.distributed); "
+        "default: $JAX_COORDINATOR_ADDRESS.",
         resumable=True,
     )
     num_processes: int = setting(
         1,
         "--backend=jax: processes of the run (jax.distributed; each reads its share of "
-        "every batch); 0: detected by JAX on Cloud TPU, SLURM or Open MPI.",
+        "every batch); 0: detected by JAX on Cloud TPU, SLURM or Open MPI; default: "
+        "$JAX_NUM_PROCESSES, else 1.",
         check=_needs(
             lambda value, c: (
                 value == 1
@@ -234,7 +236,8 @@ class Config:
     )
     process_id: int = setting(
         0,
-        "--backend=jax: this process's index, 0 to --num_processes - 1.",
+        "--backend=jax: this process's index, 0 to --num_processes - 1; default: "
+        "$JAX_PROCESS_ID, else 0.",
         check=_needs(
             lambda value, c: c.num_processes < 1 or 0 <= value < c.num_processes,
             "must be in [0, --num_processes)",
@@ -386,11 +389,29 @@ class Config:
         )
 
 
+# On JAX, the processes' settings not given as flags come from these variables.
+JAX_ENVIRONMENT = {
+    "coordinator_address": "JAX_COORDINATOR_ADDRESS",
+    "num_processes": "JAX_NUM_PROCESSES",
+    "process_id": "JAX_PROCESS_ID",
+}
+
+
 def config_from_flags(values, given=()):
     """The Config of the flag values `values` (a dict) with --recipe applied
-    to the settings not in `given` (the names set on the command line)."""
+    to the settings not in `given` (the names set on the command line), and
+    on JAX the processes' settings not given from JAX_ENVIRONMENT."""
     values = dict(values)
     setting_of = lambda name: values.get(name, getattr(Config, name))  # noqa: E731
+    if (setting_of("backend") or keras.backend.backend()) == "jax":
+        for name, variable in JAX_ENVIRONMENT.items():
+            if name in given or variable not in os.environ:
+                continue
+            text = os.environ[variable]
+            try:
+                values[name] = text if name == "coordinator_address" else int(text)
+            except ValueError:
+                raise ConfigError(f"{variable}={text!r} (for --{name}): not an integer") from None
     if setting_of("recipe") == "mlperf" and setting_of("optimizer") == "lars":
         recipe = keras_lars.resnet50_lars_recipe(max(setting_of("global_batch_size"), 1))
         from_recipe = {
