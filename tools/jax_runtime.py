@@ -35,8 +35,6 @@ import tensorflow as tf
 
 from keras_lars.tools.settings import ConfigError
 
-DISTRIBUTIONS = ("none", "data_parallel", "model_parallel")
-
 
 def meet_processes(config, stop=lambda: False):
     """Waits until every process of --num_processes > 1 has started (a
@@ -113,7 +111,7 @@ def wait_for_processes(address, processes, process_id, timeout_seconds, log, sto
                 missing = sorted(set(range(1, processes)) - set(arrived))
                 names = "process" + ("es " if len(missing) > 1 else " ")
                 tick(f"{names}{', '.join(map(str, missing))} at {address}")
-                with contextlib.suppress(OSError):
+                with contextlib.suppress(OSError, ValueError):  # ValueError: not an id
                     connection, _ = server.accept()
                     connection.settimeout(5)
                     arrived[int(connection.recv(16).decode())] = connection
