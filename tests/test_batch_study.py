@@ -267,6 +267,12 @@ def test_store_ignores_a_torn_last_line(tmp_path):
         (["--study_dir="], "--study_dir"),
         (["--momentum=1.5"], "--momentum=1.5"),
         (["--dataset=imagenet"], "--data_dir"),
+        (["--strategy=multi_worker"], "--strategy=multi_worker: the study trains"),
+        (
+            ["--backend=jax", "--num_processes=2", "--coordinator_address=h:1"],
+            "--num_processes=2: the study trains",
+        ),
+        (["--backend=jax", "--num_processes=0"], "--num_processes=0: the study trains"),
     ],
 )
 def test_bad_flags_name_the_flag(argv, culprit):

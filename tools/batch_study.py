@@ -262,6 +262,16 @@ def make_study(own, shared):
     rules = pairs(own.lr_scaling, DEFAULT_SCALING, str)
     batches = tuple(FULL if b == FULL else int(b) for b in own.batch_sizes)
     base = train.Config(**shared)  # checks the shared settings (names the flag)
+    if base.strategy == "multi_worker" or base.num_processes != 1:
+        culprit = (
+            "--strategy=multi_worker"
+            if base.strategy == "multi_worker"
+            else f"--num_processes={base.num_processes}"
+        )
+        raise ConfigError(
+            f"{culprit}: the study trains its cells one after another in one process; "
+            "give it the devices of one machine (--strategy=mirrored or --distribution)."
+        )
     return Study(
         base,
         own.optimizers,
