@@ -6,9 +6,9 @@ XLA_FLAGS=--xla_force_host_platform_device_count; no accelerator ran. Every
 distributed setup ends where one device ends, up to float32 summation
 order: data parallel over 8 devices, model parallel on a 2x4 (batch, model)
 mesh, 4 steps per compiled call, and 2 processes x 4 devices joined by
-jax.distributed on localhost. A SIGKILL and a rerun end bit for bit where
-an uninterrupted run ends; so do a SIGTERM to one of two processes (both
-stop at one step) and a rerun.
+jax.distributed on localhost. A SIGKILL of one of two processes (the other
+ends with one line) and a rerun end bit for bit where an uninterrupted run
+ends; so do a SIGTERM to one of them (both stop at one step) and a rerun.
 """
 
 import json
@@ -176,8 +176,8 @@ def test_the_meshes_are_the_ones_asked_for(runs):
 
 def two_processes(model_dir, port, stop=None, after=None):
     """Runs SHORT on 2 processes x 4 devices; with `stop` (a signal), sends
-    it once the file `after` exists: SIGTERM to process 1, SIGKILL to both.
-    Returns [(exit status, output)] of the two."""
+    it to process 1 once the file `after` exists. Returns [(exit status,
+    output)] of the two."""
     cluster = ["--distribution=data_parallel", "--num_processes=2"]
     cluster += [f"--coordinator_address=localhost:{port}", f"--model_dir={model_dir}"]
     processes = [start([*SHORT, *cluster, f"--process_id={i}"], devices=4) for i in range(2)]
@@ -186,8 +186,7 @@ def two_processes(model_dir, port, stop=None, after=None):
         while not os.path.exists(after) and time.time() < deadline:
             assert processes[1].poll() is None, processes[1].communicate()[0][-3000:]
             time.sleep(0.05)
-        for process in processes if stop == signal.SIGKILL else processes[1:]:
-            process.send_signal(stop)
+        processes[1].send_signal(stop)
     return [finish(process) for process in processes]
 
 
@@ -200,11 +199,23 @@ def uninterrupted(tmp_path_factory):
     return model_dir
 
 
-def test_sigkill_then_rerun_ends_bit_for_bit_as_the_uninterrupted_run(uninterrupted, tmp_path):
-    """Both processes SIGKILLed after the step-4 checkpoint; the rerun resumes there."""
+def test_a_killed_process_ends_the_other_with_one_line_and_the_rerun_is_exact(
+    uninterrupted, tmp_path
+):
+    """Process 1 SIGKILLed after the step-4 checkpoint: process 0's next
+    collective fails, and it exits 75 at once with one line naming the
+    checkpoint to resume from (not after JAX's heartbeat timeout, with an
+    abort). The rerun of both ends bit for bit as the uninterrupted run."""
     model_dir, port = str(tmp_path / "killed"), free_ports(1)[0]
     first = os.path.join(model_dir, "checkpoints", "ckpt-0000-000004.weights.h5")
-    two_processes(model_dir, port, stop=signal.SIGKILL, after=first)
+    (survivor, output), (killed, _) = two_processes(model_dir, port, signal.SIGKILL, first)
+    assert killed == -signal.SIGKILL
+    assert survivor == train.EXIT_PREEMPTED, output[-3000:]
+    line = output.strip().splitlines()[-1]
+    assert line.startswith(
+        "error: a step across the 2 processes failed, most likely because another process stopped ("
+    ), line
+    assert re.search(r"the run resumes from its last checkpoint, \S+ckpt-0000-0000(04|08)$", line)
     assert os.path.exists(first) and not os.path.exists(final_weights(model_dir))
     for status, output in two_processes(model_dir, port):
         assert status == 0, output[-3000:]

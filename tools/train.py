@@ -1197,6 +1197,18 @@ def main(argv):
         checkpoints.CheckpointError,
     ) as error:
         sys.exit(f"error: {error}")
+    except Exception as error:
+        if keras.backend.backend() == "jax":
+            from keras_lars.tools import jax_runtime
+
+            line = jax_runtime.lost_process(error, values["model_dir"])
+            if line:
+                sys.stdout.flush()
+                print(f"error: {line}", file=sys.stderr, flush=True)
+                # Not sys.exit: jax.distributed's shutdown at exit would wait
+                # for the lost process until its heartbeat timeout, then abort.
+                os._exit(EXIT_PREEMPTED)
+        raise
 
 
 def run(argv=None):
