@@ -945,6 +945,45 @@ def test_a_checkpoint_that_does_not_fit_the_disk_is_refused_before_writing(
     assert not target.exists() or os.listdir(target) == []
 
 
+def test_an_error_line_is_what_failed_not_tensorflows_headers():
+    def gather(x):
+        return tf.gather(x, [5])
+
+    for run in (tf.function(gather), gather):  # a graph execution error, an eager op's
+        with pytest.raises(tf.errors.InvalidArgumentError) as raised:
+            run(tf.constant([1.0]))
+        assert raised.value.message.startswith(("Graph execution error:", "{{function_node"))
+        assert storage.first_line(raised.value).startswith("indices[0] = 5 is not in [0, 1)")
+
+
+def test_a_lost_worker_is_one_line_naming_the_checkpoint_to_resume_from(tmp_path):
+    directory = tmp_path / "checkpoints"
+    directory.mkdir()
+    for name in ("ckpt-0000-000004.weights.h5", "ckpt-0000-000008.weights.h5", "other.txt"):
+        (directory / name).write_text("")
+    lost = tf.errors.UnavailableError(None, None, "Collective ops is aborted by: reset by peer")
+    try:  # as a checkpoint's write fails: a StorageError raised while handling it
+        try:
+            raise lost
+        except tf.errors.OpError:
+            raise storage.StorageError("cannot write x: reset by peer") from None
+    except storage.StorageError as error:
+        wrapped = error
+    values = {"strategy": "multi_worker", "model_dir": str(tmp_path)}
+    expected = (
+        "a step across the run's workers failed, most likely because another one stopped "
+        "(Collective ops is aborted by: reset by peer); run every one again with the same "
+        f"command: the run resumes from its last checkpoint, {directory / 'ckpt-0000-000008'}"
+    )
+    assert train.lost_peer(lost, values) == expected
+    assert train.lost_peer(wrapped, values) == expected
+    assert train.lost_peer(lost, {**values, "model_dir": str(tmp_path / "new")}).endswith(
+        "the run resumes from the start"
+    )
+    assert train.lost_peer(lost, {**values, "strategy": "default"}) is None
+    assert train.lost_peer(ValueError("no"), values) is None
+
+
 def test_a_second_run_on_one_model_dir_is_refused_and_stale_locks_are_replaced(tmp_path, capsys):
     with storage.exclusive(str(tmp_path)):
         lock = json.loads((tmp_path / "run.lock").read_text())

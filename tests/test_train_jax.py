@@ -213,7 +213,7 @@ def test_a_killed_process_ends_the_other_with_one_line_and_the_rerun_is_exact(
     assert survivor == train.EXIT_PREEMPTED, output[-3000:]
     line = output.strip().splitlines()[-1]
     assert line.startswith(
-        "error: a step across the 2 processes failed, most likely because another process stopped ("
+        "error: a step across the run's processes failed, most likely because another one stopped ("
     ), line
     assert re.search(r"the run resumes from its last checkpoint, \S+ckpt-0000-0000(04|08)$", line)
     assert os.path.exists(first) and not os.path.exists(final_weights(model_dir))

@@ -24,7 +24,6 @@ process stops all of them at one step (JAX's preemption sync point).
 
 import contextlib
 import inspect
-import os
 import re
 import socket
 import time
@@ -34,7 +33,6 @@ import jax
 import keras
 import tensorflow as tf
 
-from keras_lars.tools import checkpoints
 from keras_lars.tools.settings import ConfigError
 
 
@@ -220,23 +218,10 @@ def _describe(devices, mesh, *more):
     return ", ".join(parts)
 
 
-def lost_process(error, model_dir):
-    """The one line for `error` when it is a JAX runtime error of a run in
-    several processes (a collective failed: most likely another process
-    died) naming the checkpoint a rerun resumes from; None otherwise."""
-    if not isinstance(error, jax.errors.JaxRuntimeError) or jax.process_count() < 2:
-        return None
-    directory = os.path.join(model_dir, "checkpoints")
-    saved = checkpoints.saved(directory)
-    resumes = "the start"
-    if saved:
-        resumes = f"its last checkpoint, {checkpoints.stem(directory, *saved[-1])}"
-    cause = str(error).strip().splitlines()[0][:300]
-    return (
-        f"a step across the {jax.process_count()} processes failed, most likely because "
-        f"another process stopped ({cause}); run every process again with the same "
-        f"command: the run resumes from {resumes}"
-    )
+def collective_failed(error):
+    """Whether `error` is a JAX runtime error of a run in several processes:
+    a collective across them failed (most likely, another process died)."""
+    return isinstance(error, jax.errors.JaxRuntimeError) and jax.process_count() > 1
 
 
 def preempted_at(step):

@@ -11,6 +11,7 @@ matches it.
 import contextlib
 import json
 import os
+import re
 import shutil
 import socket
 import time
@@ -27,9 +28,19 @@ class StorageError(Exception):
 
 
 def first_line(error):
-    """The first line of an error's message (TensorFlow's carry stack context after it)."""
+    """The first line of an error's message that says what failed: TensorFlow's
+    carry stack context after it; the header of a graph execution error
+    ("Graph execution error:", "Detected at node ...", the node's indented
+    traceback) and an eager op's "{{function_node ...}}" are skipped."""
     message = (getattr(error, "message", None) or str(error)).strip()
-    return message.splitlines()[0] if message else type(error).__name__
+    lines = message.splitlines()
+    if lines and lines[0].startswith("Graph execution error"):
+        said = [line for line in lines[1:] if line.strip() and not line[0].isspace()]
+        lines = [line for line in said if not line.startswith("Detected at node")] or lines
+    # An eager op's message starts with the function it ran in: {{function_node ...}}.
+    return (
+        re.sub(r"^\{\{function_node [^}]*\}\}\s*", "", lines[0]) if lines else type(error).__name__
+    )
 
 
 def _reason(error):
@@ -107,7 +118,7 @@ def staged(path):
         publish(path)
     except (OSError, tf.errors.OpError) as error:
         _discard_quietly(path)
-        raise StorageError(f"cannot write {path}: {_reason(error)}") from None
+        raise StorageError(f"cannot write {path}: {_reason(error)}") from error
     except BaseException:
         _discard_quietly(path)
         raise

@@ -1179,6 +1179,38 @@ def use_backend(wanted, module):
         )
 
 
+def lost_peer(error, values):
+    """The one line for `error` when it says that another worker or process
+    of the run died (a collective failed: TensorFlow's Unavailable or
+    Aborted under --strategy=multi_worker, a JAX runtime error with several
+    processes), naming the checkpoint a rerun resumes from; None otherwise."""
+    causes = [error]  # and what failed a checkpoint's write (Keras's fit drops __cause__)
+    while (causes[-1].__cause__ or causes[-1].__context__) and len(causes) < 8:
+        causes.append(causes[-1].__cause__ or causes[-1].__context__)
+    if keras.backend.backend() == "jax":
+        from keras_lars.tools import jax_runtime
+
+        found = [c for c in causes if jax_runtime.collective_failed(c)]
+        who = "processes"
+    else:
+        collective = (tf.errors.UnavailableError, tf.errors.AbortedError)
+        found = [c for c in causes if isinstance(c, collective)]
+        found = found if values["strategy"] == "multi_worker" else []
+        who = "workers"
+    if not found:
+        return None
+    directory = os.path.join(values["model_dir"], "checkpoints")
+    saved = checkpoints.saved(directory)
+    resumes = (
+        f"its last checkpoint, {checkpoints.stem(directory, *saved[-1])}" if saved else "the start"
+    )
+    cause = storage.first_line(found[0])[:300].rstrip(":")
+    return (
+        f"a step across the run's {who} failed, most likely because another one stopped "
+        f"({cause}); run every one again with the same command: the run resumes from {resumes}"
+    )
+
+
 def main(argv):
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
@@ -1189,25 +1221,25 @@ def main(argv):
     except Preempted as error:
         print(f"preempted: {error}", file=sys.stderr, flush=True)
         sys.exit(EXIT_PREEMPTED)
-    except (
-        ConfigError,
-        Diverged,
-        input_pipeline.DataError,
-        storage.StorageError,
-        checkpoints.CheckpointError,
-    ) as error:
-        sys.exit(f"error: {error}")
     except Exception as error:
-        if keras.backend.backend() == "jax":
-            from keras_lars.tools import jax_runtime
-
-            line = jax_runtime.lost_process(error, values["model_dir"])
-            if line:
-                sys.stdout.flush()
-                print(f"error: {line}", file=sys.stderr, flush=True)
-                # Not sys.exit: jax.distributed's shutdown at exit would wait
-                # for the lost process until its heartbeat timeout, then abort.
+        line = lost_peer(error, values)
+        if line:
+            sys.stdout.flush()
+            print(f"error: {line}", file=sys.stderr, flush=True)
+            if keras.backend.backend() == "jax":
+                # jax.distributed's shutdown at exit would wait for the lost
+                # process until its heartbeat timeout, then abort.
                 os._exit(EXIT_PREEMPTED)
+            sys.exit(EXIT_PREEMPTED)
+        known = (
+            ConfigError,
+            Diverged,
+            input_pipeline.DataError,
+            storage.StorageError,
+            checkpoints.CheckpointError,
+        )
+        if isinstance(error, known):
+            sys.exit(f"error: {error}")
         raise
 
 
