@@ -1180,9 +1180,10 @@ def test_sigterm_stops_a_worker_waiting_for_its_peer(tmp_path):
 
 @pytest.mark.multiworker
 @pytest.mark.subprocess
-def test_sigterm_to_one_worker_stops_the_cluster_at_one_step_and_the_rerun_is_exact(tmp_path):
+def test_a_sigterm_then_a_killed_worker_and_the_reruns_end_as_the_uninterrupted_run(tmp_path):
     # TensorFlow's PreemptionCheckpointHandler: both workers save at the same
-    # step and exit 75; the same two commands then end with the weights of an
+    # step and exit 75. The rerun loses a worker to SIGKILL; the chief exits
+    # 75 with one line. The same two commands then end with the weights of an
     # uninterrupted two-worker run. The second worker starts 5 s late.
     args = [
         "--model=alexnet",
@@ -1213,6 +1214,23 @@ def test_sigterm_to_one_worker_stops_the_cluster_at_one_step_and_the_rerun_is_ex
     saved = checkpoints.saved(str(stopped / "checkpoints"))[-1]
     assert (1, 0) < saved < (3, 0)  # after the first epoch, before the end
     assert "waiting for" not in "".join(errors)  # a 5 s start gap is no news
+    # The rerun loses worker 1 to a SIGKILL after the epoch-2 checkpoint: the
+    # chief's next collective fails, and it exits 75 with one line naming it.
+    workers = _start_cluster(args + [f"--model_dir={stopped}"])
+    while (
+        (2, 0) not in checkpoints.saved(str(stopped / "checkpoints"))
+        and all(w.poll() is None for w in workers)
+        and time.time() < deadline
+    ):
+        time.sleep(0.05)
+    workers[1].send_signal(signal.SIGKILL)
+    codes, errors = _finish(workers)
+    assert codes == [train.EXIT_PREEMPTED, -signal.SIGKILL], errors[0][-3000:]
+    lines = [line for line in errors[0].splitlines() if line.startswith("error:")]
+    assert len(lines) == 1 and lines[0].startswith(
+        "error: a step across the run's workers failed, most likely because another one stopped ("
+    ), errors[0][-3000:]
+    assert re.search(r"the run resumes from its last checkpoint, \S+ckpt-0002$", lines[0])
     codes, errors = _finish(_start_cluster(args + [f"--model_dir={stopped}"]))
     assert codes == [0, 0], "\n".join(e[-3000:] for e in errors)
     codes, errors = _finish(uninterrupted)
