@@ -6,9 +6,9 @@ XLA_FLAGS=--xla_force_host_platform_device_count; no accelerator ran. Every
 distributed setup ends where one device ends, up to float32 summation
 order: data parallel over 8 devices, model parallel on a 2x4 (batch, model)
 mesh, 4 steps per compiled call, and 2 processes x 4 devices joined by
-jax.distributed on localhost. A SIGKILL of one of two processes (the other
-ends with one line) and a rerun end bit for bit where an uninterrupted run
-ends; so do a SIGTERM to one of them (both stop at one step) and a rerun.
+jax.distributed on localhost. A SIGTERM to one of two processes (both stop
+at one step), a rerun that loses one to SIGKILL (the other ends with one
+line) and a last rerun end bit for bit where an uninterrupted run ends.
 """
 
 import json
@@ -199,43 +199,36 @@ def uninterrupted(tmp_path_factory):
     return model_dir
 
 
-def test_a_killed_process_ends_the_other_with_one_line_and_the_rerun_is_exact(
+def test_a_sigterm_then_a_killed_process_and_the_reruns_end_as_the_uninterrupted_run(
     uninterrupted, tmp_path
 ):
-    """Process 1 SIGKILLed after the step-4 checkpoint: process 0's next
-    collective fails, and it exits 75 at once with one line naming the
-    checkpoint to resume from (not after JAX's heartbeat timeout, with an
-    abort). The rerun of both ends bit for bit as the uninterrupted run."""
-    model_dir, port = str(tmp_path / "killed"), free_ports(1)[0]
-    first = os.path.join(model_dir, "checkpoints", "ckpt-0000-000004.weights.h5")
-    (survivor, output), (killed, _) = two_processes(model_dir, port, signal.SIGKILL, first)
-    assert killed == -signal.SIGKILL
-    assert survivor == train.EXIT_PREEMPTED, output[-3000:]
-    line = output.strip().splitlines()[-1]
-    assert line.startswith(
-        "error: a step across the run's processes failed, most likely because another one stopped ("
-    ), line
-    assert re.search(r"the run resumes from its last checkpoint, \S+ckpt-0000-0000(04|08)$", line)
-    assert os.path.exists(first) and not os.path.exists(final_weights(model_dir))
-    for status, output in two_processes(model_dir, port):
-        assert status == 0, output[-3000:]
-        assert "resuming" in output and "of epoch 1" in output, output[-3000:]
-    assert_same_weights(final_weights(uninterrupted), final_weights(model_dir), at_least=100)
-
-
-def test_sigterm_to_one_process_stops_both_at_one_step_and_the_rerun_is_exact(
-    uninterrupted, tmp_path
-):
-    """A SIGTERM to process 1 makes both save at one step (JAX's preemption
-    sync point) and exit 75; the rerun ends bit for bit as the
-    uninterrupted run."""
-    model_dir, port = str(tmp_path / "preempted"), free_ports(1)[0]
-    first = os.path.join(model_dir, "checkpoints", "ckpt-0000-000004.weights.h5")
+    """A SIGTERM to process 1 after the step-4 checkpoint makes both save at
+    one step (JAX's preemption sync point) and exit 75. The rerun loses
+    process 1 to a SIGKILL after the step-8 checkpoint: process 0's next
+    collective fails, and it exits 75 at once with one line naming that
+    checkpoint (not at JAX's heartbeat timeout, with an abort). The last
+    rerun ends bit for bit as the uninterrupted run."""
+    model_dir, port = str(tmp_path / "interrupted"), free_ports(1)[0]
+    checkpoint = os.path.join(model_dir, "checkpoints", "ckpt-0000-{:06d}.weights.h5")
     stops = set()
-    for status, output in two_processes(model_dir, port, stop=signal.SIGTERM, after=first):
+    for status, output in two_processes(model_dir, port, signal.SIGTERM, checkpoint.format(4)):
         assert status == train.EXIT_PREEMPTED, output[-3000:]
         stops.add(re.search(r"preempted: stopped by SIGTERM at step (\d+)", output).group(1))
-    assert len(stops) == 1 and 4 <= int(stops.pop()) < 12  # one step, inside the run
+    # One step for both, before the step-8 checkpoint (measured: step 5).
+    assert len(stops) == 1 and 4 <= int(stops.pop()) < 8
+    (survivor, output), (killed, _) = two_processes(
+        model_dir, port, signal.SIGKILL, checkpoint.format(8)
+    )
+    assert killed == -signal.SIGKILL and "resuming" in output, output[-3000:]
+    assert survivor == train.EXIT_PREEMPTED, output[-3000:]
+    line = output.strip().splitlines()[-1]
+    assert line == (
+        "error: a step across the run's processes failed, most likely because another one "
+        f"stopped ({line.split('(', 1)[1].split(');')[0]}); run every one again with the same "
+        "command: the run resumes from its last checkpoint, "
+        f"{checkpoint.format(8).removesuffix('.weights.h5')}"
+    ), output[-3000:]
+    assert not os.path.exists(final_weights(model_dir))
     for status, output in two_processes(model_dir, port):
         assert status == 0 and "resuming" in output, output[-3000:]
     assert_same_weights(final_weights(uninterrupted), final_weights(model_dir), at_least=100)
