@@ -1194,8 +1194,8 @@ def lost_peer(error, values):
         who = "processes"
     else:
         collective = (tf.errors.UnavailableError, tf.errors.AbortedError)
-        found = [c for c in causes if isinstance(c, collective)]
-        found = found if values["strategy"] == "multi_worker" else []
+        cluster = values["strategy"] == "multi_worker"
+        found = [c for c in causes if cluster and isinstance(c, collective)]
         who = "workers"
     if not found:
         return None
