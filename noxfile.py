@@ -2,13 +2,15 @@
 
     nox -s matrix                           # every pair: the whole suite
     nox -t oldest -- tests/test_lars.py     # one pair (tags: oldest, newest), some tests
-    nox -s matrix_table                     # the README table from the last results
+    nox -s matrix_table                     # docs/versions.md's table from the results
     nox -s wheel                            # the built wheel, installed, used from elsewhere
 
 Each pair installs the README's test extras (plus the `jax` extra, in the same
 resolver call so that it picks a jax that fits that TensorFlow) and pins
-`tensorflow-cpu` and `keras`. Results are appended to
-.nox/matrix-results.tsv (date, pair, passed, failed, errors, skipped, seconds).
+`tensorflow-cpu` and `keras`. Each run appends a row to docs/matrix-results.tsv
+(committed: date, pair, jax, passed, failed, errors, skipped, seconds, scope, and
+the JAX road's passed/failed: the tests that run Keras's JAX backend), from
+which `matrix_table` writes the table of docs/versions.md.
 uv makes the environments when it is installed (pip install nox uv).
 """
 
@@ -37,7 +39,23 @@ PAIRS = [
     ("2.21.0", "3.15.1"),
 ]
 OLDEST, NEWEST = PAIRS[0], PAIRS[-1]
-RESULTS = os.path.join(".nox", "matrix-results.tsv")
+RESULTS = os.path.join("docs", "matrix-results.tsv")
+COLUMNS = [
+    "date",
+    "tensorflow",
+    "keras",
+    "jax",
+    "passed",
+    "failed",
+    "errors",
+    "skipped",
+    "seconds",
+    "scope",
+    "jax_passed",
+    "jax_failed",
+]
+VERSIONS_PAGE = os.path.join("docs", "versions.md")
+TABLE_START, TABLE_END = "<!-- matrix: nox -s matrix_table -->", "<!-- /matrix -->"
 
 
 def _jax_pins(keras):
@@ -64,41 +82,62 @@ def matrix(session, tensorflow, keras):
         f"keras=={keras}",
         *_jax_pins(keras),
     )
-    session.run(
+    shown = session.run(
         "python",
         "-c",
-        "import tensorflow, keras, jax; print("
-        "'tensorflow', tensorflow.__version__, 'keras', keras.__version__, "
-        "'jax', jax.__version__)",
+        "import tensorflow, keras, jax; print(tensorflow.__version__, keras.__version__, "
+        "jax.__version__)",
+        silent=True,
     )
+    if shown is None:  # nox --install-only
+        return
+    versions = shown.split()[-3:]
+    print("tensorflow {} keras {} jax {}".format(*versions))
     report = os.path.join(session.create_tmp(), "junit.xml")
     started = time.time()
     try:
         session.run("python", "-m", "pytest", "-q", f"--junitxml={report}", *session.posargs)
     finally:
-        _record(tensorflow, keras, report, time.time() - started, bool(session.posargs))
+        _record(versions, report, time.time() - started, bool(session.posargs))
 
 
-def _record(tensorflow, keras, report, seconds, partial):
+def _on_jax(case):
+    """Whether a junit test case runs Keras's JAX backend (the JAX road)."""
+    name = f"{case.get('classname', '')}::{case.get('name', '')}".lower()
+    return "jax" in name
+
+
+def _record(versions, report, seconds, partial):
     if not os.path.exists(report):
         return
     suite = ElementTree.parse(report).getroot()
     suite = suite if suite.tag == "testsuite" else suite.find("testsuite")
     counts = {key: int(suite.get(key, 0)) for key in ("tests", "failures", "errors", "skipped")}
     passed = counts["tests"] - counts["failures"] - counts["errors"] - counts["skipped"]
+    jax_cases = [case for case in suite.iter("testcase") if _on_jax(case)]
+    jax_failed = sum(
+        1
+        for case in jax_cases
+        if case.find("failure") is not None or case.find("error") is not None
+    )
+    jax_skipped = sum(1 for case in jax_cases if case.find("skipped") is not None)
     row = [
         datetime.date.today().isoformat(),
-        tensorflow,
-        keras,
-        str(passed),
-        str(counts["failures"]),
-        str(counts["errors"]),
-        str(counts["skipped"]),
+        *versions,
+        passed,
+        counts["failures"],
+        counts["errors"],
+        counts["skipped"],
         f"{seconds:.0f}",
         "some tests" if partial else "whole suite",
+        len(jax_cases) - jax_failed - jax_skipped,
+        jax_failed,
     ]
+    new = not os.path.exists(RESULTS)
     with open(RESULTS, "a") as f:
-        f.write("\t".join(row) + "\n")
+        if new:
+            f.write("\t".join(COLUMNS) + "\n")
+        f.write("\t".join(map(str, row)) + "\n")
 
 
 @nox.session
@@ -159,23 +198,32 @@ def wheel(session):
 
 @nox.session(venv_backend="none")
 def matrix_table(session):
-    """Prints the README table: the newest whole-suite result of each pair."""
+    """Rewrites docs/versions.md's table: the newest whole-suite result of each pair."""
     latest = {}
     with open(RESULTS) as f:
-        for line in f:
-            date, tensorflow, keras, passed, failed, errors, skipped, seconds, scope = line.rstrip(
-                "\n"
-            ).split("\t")
-            if scope == "whole suite":
-                latest[(tensorflow, keras)] = (date, passed, failed, errors, skipped, seconds)
-    print("| TensorFlow | Keras | passed | failed | errors | skipped | minutes | run on |")
-    print("|---|---|---|---|---|---|---|---|")
+        rows = [dict(zip(COLUMNS, line.rstrip("\n").split("\t"))) for line in f][1:]
+    for row in rows:
+        if row["scope"] == "whole suite":
+            latest[(row["tensorflow"], row["keras"])] = row
+    lines = [
+        "| TensorFlow | Keras | jax | passed | failed | errors | skipped | JAX road "
+        "(passed / failed) | minutes | run on |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
     for pair in PAIRS:
-        if pair in latest:
-            date, passed, failed, errors, skipped, seconds = latest[pair]
-            print(
-                f"| {pair[0]} | {pair[1]} | {passed} | {failed} | {errors} | {skipped} | "
-                f"{int(seconds) / 60:.1f} | {date} |"
-            )
-        else:
-            print(f"| {pair[0]} | {pair[1]} | not run | | | | | |")
+        row = latest.get(pair)
+        if row is None:
+            lines.append(f"| {pair[0]} | {pair[1]} | | not run | | | | | | |")
+            continue
+        lines.append(
+            f"| {pair[0]} | {pair[1]} | {row['jax']} | {row['passed']} | {row['failed']} | "
+            f"{row['errors']} | {row['skipped']} | {row['jax_passed']} / {row['jax_failed']} | "
+            f"{int(row['seconds']) / 60:.1f} | {row['date']} |"
+        )
+    with open(VERSIONS_PAGE) as f:
+        page = f.read()
+    head, rest = page.split(TABLE_START)
+    _, tail = rest.split(TABLE_END)
+    with open(VERSIONS_PAGE, "w") as f:
+        f.write(head + TABLE_START + "\n" + "\n".join(lines) + "\n" + TABLE_END + tail)
+    print("\n".join(lines))

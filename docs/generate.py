@@ -111,16 +111,21 @@ def workarounds_page():
             "",
             "[README](../README.md) · [distributed training](distributed.md)",
             "",
-            "Every fix of a Keras or TensorFlow bug lives in `keras_lars.compat`, one entry per "
-            "workaround: the upstream issue, the symptom, the versions that have it, where it "
-            "was reproduced and the versions on which the patch was verified. Nothing is "
+            "Every fix of a Keras or TensorFlow bug lives in `keras_lars.compat`, one module per "
+            "workaround (`keras_lars/compat/<name>.py`) holding its patch and its entry: the "
+            "upstream issue, the symptom, the versions that have it, where it was reproduced "
+            "and the versions on which the patch was verified. Nothing is "
             "patched at import: `keras_lars.make_strategy` and the training tool install what "
             "their strategy needs (`compat.apply()` installs all). On a version outside "
             "`patch verified on`, or when a patched function no longer has the expected "
             "signature, nothing is patched, one `CompatWarning` says so, and a feature that "
             "needs the fix refuses with `compat.UnsupportedVersionError` naming it. "
             "`kind`: crash (without it, an error) or behaviour (without it, a wrong result); "
-            "`compat.apply(behaviour_changes=False)` installs the crash fixes only.",
+            "`compat.apply(behaviour_changes=False)` installs the crash fixes only. "
+            "Clipping (`clipnorm`, `global_clipnorm`, `clipvalue`) after the all-reduce is no "
+            "workaround but what LARS and LAMB do under several replicas (tensorflow#33929: "
+            "Keras clips each replica's part); they refuse it where Keras's optimizer "
+            "internals differ from the verified versions.",
             "",
             compat.table(),
             "",

@@ -1,7 +1,10 @@
 """keras_lars: large-batch training for Keras 3 (LARS, LAMB, schedules, tools)."""
 
 from keras_lars import _environment
+from keras_lars import _quiet
 
+if _quiet.our_program():  # only when a keras-lars program is the main program
+    _quiet.quiet_tensorflow()
 _environment.check()  # one ImportError for Keras 2 / tf_keras or a Keras below the floor
 
 from keras_lars import compat  # Keras/TF workarounds; nothing is patched at import

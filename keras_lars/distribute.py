@@ -9,6 +9,8 @@
 TF_CONFIG), MirroredStrategy, OneDeviceStrategy or the default strategy,
 and installs `keras_lars.compat` for the TPU, Mirrored and
 MultiWorkerMirrored strategies (each workaround acts only where its bug is).
+`all_reduce_in` sums the replicas' gradients in bfloat16 or float16 (the
+`allreduce_dtype` of LARS and LAMB).
 `BackupAndRestore` is Keras's fault-tolerance callback made chief-aware, so
 workers of one job do not write the same files.
 """
@@ -143,9 +145,10 @@ def make_strategy(
             "multi_worker" then raises `compat.UnsupportedVersionError` if
             the fixes its `fit` needs cannot be installed on these versions.
         behaviour_changes: False installs compat's crash fixes only, not
-            those that change numbers (batch-norm statistics under several
-            replicas, the step count at the end of a dataset, clipping
-            after the all-reduce).
+            those that change numbers (batch-norm statistics and metric
+            states under several replicas, the step count at the end of a
+            dataset). Clipping after the all-reduce is no workaround but
+            what LARS and LAMB do.
     """
     if kind not in KINDS:
         raise ValueError(f"Unknown strategy `kind` {kind!r}; expected one of {KINDS}.")
@@ -176,7 +179,7 @@ def make_strategy(
 
     if kind == "tpu":
         strategy = _tpu_strategy(tf, tpu_address)
-        if apply_compat:  # of the workarounds, only clip_after_all_reduce acts on TPUs
+        if apply_compat:
             compat.apply(behaviour_changes=behaviour_changes)
         return strategy
     if kind == "default":
@@ -206,6 +209,48 @@ def make_strategy(
         implementation=implementation,
     )
     return tf.distribute.MultiWorkerMirroredStrategy(communication_options=options)
+
+
+def all_reduce_in(dtype, all_reduce_sum, grads_and_vars):
+    """`all_reduce_sum(grads_and_vars)`, the replicas' gradient sum, taken in
+    `dtype` ("bfloat16" or "float16"; Jia et al. 2018): each replica casts
+    g_r to `dtype`, the collective sums, the sum is cast back to g's dtype.
+    For float16 each gradient i is first scaled by a power of two, from one
+    small all-reduce of B_i = sum_r max|g_r,i|:
+
+        s_i = 2^floor(log2(2^14 / B_i))  (1 where B_i = 0)
+        g_i = (sum_r s_i * g_r,i) / s_i
+
+    No partial sum can overflow, small gradients keep their digits, and the
+    unscaling is exact. Call it in a replica context (`LayerwiseOptimizer`
+    does, for `allreduce_dtype`)."""
+    tf = _tf()
+    pairs = [(g if g is None else tf.convert_to_tensor(g), v) for g, v in grads_and_vars]
+    present = [g for g, _ in pairs if g is not None]
+    scales = [None] * len(present)
+    if dtype == "float16" and present:
+        bounds = tf.stack([tf.reduce_max(tf.abs(tf.cast(g, "float32"))) for g in present])
+        context = tf.distribute.get_replica_context()
+        bounds = context.all_reduce(tf.distribute.ReduceOp.SUM, bounds)
+        exponents = tf.floor(tf.math.log(2.0**14 / bounds) / tf.math.log(2.0))
+        exponents = tf.where(bounds > 0, exponents, tf.zeros_like(exponents))
+        scales = tf.unstack(tf.pow(2.0, exponents))
+    low, found = [], iter(zip(present, scales))
+    for g, v in pairs:
+        if g is not None:
+            g, scale = next(found)
+            g = tf.cast(g, "float32") if scale is None else tf.cast(g, "float32") * scale
+            g = tf.cast(g, dtype)
+        low.append((g, v))
+    reduced, found = all_reduce_sum(low), iter(scales)
+    result = []
+    for (g, v), (original, _) in zip(reduced, pairs):
+        if g is not None:
+            scale = next(found)
+            g = tf.cast(g, "float32") if scale is None else tf.cast(g, "float32") / scale
+            g = tf.cast(g, original.dtype)
+        result.append((g, v))
+    return result
 
 
 def wait_for_workers(timeout_seconds, log=print, report_every_seconds=30.0, stop=None):

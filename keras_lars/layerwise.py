@@ -21,7 +21,9 @@ import re
 import keras
 from keras import ops
 
-from keras_lars import compat
+from keras_lars import _internals
+from keras_lars import distribute
+from keras_lars._internals import KERAS_VERIFIED
 from keras_lars.validation import check_bool
 from keras_lars.validation import check_number
 
@@ -176,56 +178,56 @@ class LayerwiseOptimizer(keras.optimizers.Optimizer):
         self.allreduce_dtype = allreduce_dtype
 
     def _clip_gradients(self, grads):
-        """Keras's clipping; under several replicas it needs compat's
-        `clip_after_all_reduce` (else each replica would clip its own part)."""
-        clipping = self.clipnorm or self.global_clipnorm or self.clipvalue
-        if clipping and compat.replicas_in_sync() > 1:
-            compat.require(
-                "clip_after_all_reduce",
-                f"clipping (clipnorm/global_clipnorm/clipvalue) in {self.name!r} under "
-                f"{compat.replicas_in_sync()} replicas",
-            )
+        """Keras's clipping (clipnorm, global_clipnorm, clipvalue), except
+        inside one replica of several: there `_all_reduce_sum_gradients`
+        clips the all-reduced gradient instead."""
+        if self._clips_after_all_reduce():
+            return grads
         return super()._clip_gradients(grads)
+
+    def _clips_after_all_reduce(self):
+        """Whether this step clips after the all-reduce (clipping is set and
+        this runs in one replica of several). Keras 3 clips in `apply()`,
+        before the all-reduce: each replica would clip its own partial
+        gradient g_r, and the threshold would mean something else for every
+        replica count (TF-Keras refused clipping under a strategy for this
+        reason, tensorflow#33929). Clipping g = sum_r g_r instead is what
+        one device does, e.g. global_clipnorm c:
+
+            g_i <- g_i * min(1, c / ||(g_1, ..., g_n)||)
+
+        This relies on Keras calling `_clip_gradients(self, grads)` before
+        `_all_reduce_sum_gradients(self, grads_and_vars)`: where that cannot
+        be vouched for, clipping under several replicas refuses."""
+        if not (self.clipnorm or self.global_clipnorm or self.clipvalue):
+            return False
+        if not _internals.in_one_of_several_replicas():
+            return False
+        reason = _internals.problem("keras", KERAS_VERIFIED, _clip_order_shape)
+        if reason:
+            raise _internals.UnsupportedVersionError(
+                f"clipping (clipnorm/global_clipnorm/clipvalue) in {self.name!r} under "
+                f"{_internals.replicas_in_sync()} replicas clips after the all-reduce, "
+                f"which keras_lars cannot do here: {reason}. "
+                f"Use {_internals.describe_versions('keras', KERAS_VERIFIED)}."
+            )
+        return True
 
     def _all_reduce_sum_gradients(self, grads_and_vars):
         """Sums the replicas' gradients (TensorFlow backend, under a
-        tf.distribute strategy), in `allreduce_dtype` if one is set (Jia et
-        al. 2018): each replica casts g_r, the collective sums, the sum is
-        cast back. For float16 each gradient i is first scaled by a power of
-        two s_i = 2^floor(log2(2^14 / B_i)), B_i = sum_r max|g_r,i| (one
-        small all-reduce): no partial sum can overflow, small gradients keep
-        their digits, and the unscaling is exact."""
+        tf.distribute strategy), in `allreduce_dtype` if one is set
+        (`keras_lars.distribute.all_reduce_in`), then clips the sum if
+        clipping is set (see `_clips_after_all_reduce`)."""
+        clip = self._clips_after_all_reduce()
         reduce = super()._all_reduce_sum_gradients
-        if self.allreduce_dtype in (None, "float32") or compat.replicas_in_sync() <= 1:
-            return reduce(grads_and_vars)
-        import tensorflow as tf
-
-        pairs = [(g if g is None else tf.convert_to_tensor(g), v) for g, v in grads_and_vars]
-        present = [g for g, _ in pairs if g is not None]
-        scales = [None] * len(present)
-        if self.allreduce_dtype == "float16" and present:
-            bounds = tf.stack([tf.reduce_max(tf.abs(tf.cast(g, "float32"))) for g in present])
-            context = tf.distribute.get_replica_context()
-            bounds = context.all_reduce(tf.distribute.ReduceOp.SUM, bounds)
-            exponents = tf.floor(tf.math.log(2.0**14 / bounds) / tf.math.log(2.0))
-            exponents = tf.where(bounds > 0, exponents, tf.zeros_like(exponents))
-            scales = tf.unstack(tf.pow(2.0, exponents))
-        low, found = [], iter(zip(present, scales))
-        for g, v in pairs:
-            if g is not None:
-                g, scale = next(found)
-                g = tf.cast(g, "float32") if scale is None else tf.cast(g, "float32") * scale
-                g = tf.cast(g, self.allreduce_dtype)
-            low.append((g, v))
-        reduced, found = reduce(low), iter(scales)
-        result = []
-        for (g, v), (original, _) in zip(reduced, pairs):
-            if g is not None:
-                scale = next(found)
-                g = tf.cast(g, "float32") if scale is None else tf.cast(g, "float32") / scale
-                g = tf.cast(g, original.dtype)
-            result.append((g, v))
-        return result
+        if self.allreduce_dtype in (None, "float32") or _internals.replicas_in_sync() <= 1:
+            grads_and_vars = reduce(grads_and_vars)
+        else:
+            grads_and_vars = distribute.all_reduce_in(self.allreduce_dtype, reduce, grads_and_vars)
+        if not clip:
+            return grads_and_vars
+        grads = super()._clip_gradients([g for g, _ in grads_and_vars])
+        return list(zip(grads, [v for _, v in grads_and_vars]))
 
     def _apply_weight_decay(self, variables):
         """No decoupled decay: ours is coupled, inside `update_step`."""
@@ -234,6 +236,12 @@ class LayerwiseOptimizer(keras.optimizers.Optimizer):
     def build(self, variables):
         if self.built:
             return
+        problem = _internals.distribution_problem("model")
+        if problem and any(_internals.sharded(v) for v in variables):
+            raise _internals.UnsupportedVersionError(
+                f"{type(self).__name__} on variables sharded over a keras.distribution mesh: "
+                f"{problem}."
+            )
         super().build(variables)
         self._decays = []
         self._adapts = []
@@ -359,3 +367,14 @@ def _as_list(patterns):
     if isinstance(patterns, str):
         return [patterns]
     return list(patterns)
+
+
+def _clip_order_shape():
+    """None if Keras's optimizer still has the clipping and all-reduce
+    methods `_clips_after_all_reduce` relies on, else what differs."""
+    from keras.src.backend.tensorflow.optimizer import TFOptimizer
+
+    return _internals.first_mismatch(
+        (keras.optimizers.Optimizer, "_clip_gradients", ["self", "grads"]),
+        (TFOptimizer, "_all_reduce_sum_gradients", ["self", "grads_and_vars"]),
+    )

@@ -21,7 +21,20 @@ from keras_lars.models.resnet import resnet50
 from keras_lars.models.resnet import resnet101
 from keras_lars.models.resnet import resnet152
 
+# The reference models by name: the training tool's --model and the planner's
+# --model both take their choices from here.
+BUILDERS = {
+    "resnet18": resnet18,
+    "resnet34": resnet34,
+    "resnet50": resnet50,
+    "resnet101": resnet101,
+    "resnet152": resnet152,
+    "alexnet": alexnet,
+    "alexnet_bn": alexnet_bn,
+}
+
 __all__ = [
+    "BUILDERS",
     "alexnet",
     "alexnet_bn",
     "resnet",

@@ -1,12 +1,41 @@
-"""Test-session setup: quiet TensorFlow and two logical CPU devices.
+"""Test-session setup: quiet TensorFlow, two logical CPU devices, and the test tiers.
 
 Two logical CPUs let MirroredStrategy tests run two replicas on one machine;
 they must be configured before TensorFlow initialises its devices.
+
+Tiers (DESIGN.md, "Test tiers"): `pytest -m "not slow"` is what a developer
+runs between edits. `slow` is never written on a test by hand: collection
+(pytest_collection_modifyitems below) sets it on
+
+- every test that starts a process: one marked `subprocess` or `multiworker`,
+  or one that reaches a process-starting call (PROCESS_STARTERS: the
+  subprocess and multiprocessing modules, os's fork/exec/spawn/system, and
+  the library functions in _LIBRARY_STARTERS) from its own code or its
+  fixtures', directly or through the functions and classes of tests/ they
+  use (read from their bytecode). Such a test also gets `subprocess`.
+- every test that reaches a whole training run in this process the same way
+  (_LIBRARY_TRAINING: the tool's train_and_evaluate, the batch study), other
+  than through train_data.short_run (two steps of a small model).
+
+A guard checks the split on every test not marked slow, whatever `-m` says:
+a process start fails the test (the call raises, and the test fails even if
+something caught that), and so does training more than FAST_WORK
+parameter-steps through Model.fit and train_on_batch. The failure says what
+to do, so a misclassified test cannot hide. `pytest --collect-only -q -m slow`
+lists the slow tests; the reason of each is in its user_properties (junitxml).
 """
 
+import builtins
+import dis
+import importlib
 import importlib.util
+import inspect
+import multiprocessing
+import multiprocessing.process
 import os
+import subprocess
 import sys
+import types
 
 import pytest
 
@@ -14,9 +43,11 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 os.environ.setdefault("KERAS_BACKEND", "tensorflow")
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TESTS = os.path.join(ROOT, "tests")
 if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
 
+import keras
 import tensorflow as tf
 
 _cpus = tf.config.list_physical_devices("CPU")
@@ -36,3 +67,317 @@ requires_jax = pytest.mark.skipif(
     reason="jax is not installed: pip install it in one command with your TensorFlow "
     "(the `jax` extra), so that the resolver picks a jax that fits it",
 )
+
+
+# --- test tiers ---------------------------------------------------------------------
+# The training a fast test may do in this process, through Model.fit and
+# train_on_batch: optimizer steps times the model's parameters, summed. A
+# tiny model may take many steps; ResNet-18 (11.2M parameters) about 20.
+FAST_WORK = 250_000_000
+
+# Library functions that start processes (module, name). The subprocess and
+# multiprocessing modules and os's process functions are found wherever a
+# test reaches them; library code is not read, so its starters are listed.
+_LIBRARY_STARTERS = (
+    ("keras_lars.tools.benchmark_allreduce", "measure"),
+    ("keras_lars.tools.benchmark_optimizers", "measure_jax"),
+    ("keras_lars.tools.benchmark_optimizers", "main"),
+)
+# Library functions that train a whole run (or several) in this process.
+_LIBRARY_TRAINING = (
+    ("keras_lars.tools.train", "train_and_evaluate"),
+    ("keras_lars.tools.batch_study", "run_study"),
+    ("keras_lars.tools.batch_study", "run_cell"),
+)
+# tests/ helpers that train a run cut to a few steps (the guard checks that):
+# a test that reaches _LIBRARY_TRAINING through them only stays fast.
+_SHORT_TRAINING = (("tests.train_data", "short_run"),)
+_OS_STARTERS = (
+    *("fork", "forkpty", "system", "popen", "posix_spawn", "posix_spawnp"),
+    *("execv", "execve", "execvp", "execvpe", "execl", "execle", "execlp", "execlpe"),
+    *("spawnv", "spawnve", "spawnvp", "spawnvpe", "spawnl", "spawnle", "spawnlp", "spawnlpe"),
+)
+
+
+def _library(pairs):
+    found = []
+    for module, name in pairs:
+        try:
+            found.append(getattr(importlib.import_module(module), name))
+        except (ImportError, AttributeError) as error:
+            raise ImportError(
+                f"tests/conftest.py lists {module}.{name}, which is gone ({error}): "
+                "update the list, or the test tiers go wrong"
+            ) from None
+    return found
+
+
+PROCESS_STARTERS = [subprocess, multiprocessing]
+PROCESS_STARTERS += [getattr(os, name) for name in _OS_STARTERS if hasattr(os, name)]
+PROCESS_STARTERS += _library(_LIBRARY_STARTERS)
+LONG_TRAINING = _library(_LIBRARY_TRAINING)
+SHORT_TRAINING = _library(_SHORT_TRAINING)
+_LOADS = ("LOAD_GLOBAL", "LOAD_NAME")
+_ATTRIBUTES = ("LOAD_ATTR", "LOAD_METHOD")
+
+
+def _in_tests(obj):
+    """Whether `obj` (a function or class) is defined in tests/."""
+    if isinstance(obj, type):
+        path = getattr(sys.modules.get(obj.__module__), "__file__", None) or ""
+    else:
+        path = getattr(getattr(obj, "__code__", None), "co_filename", "")
+    return os.path.abspath(path).startswith(TESTS + os.sep)
+
+
+def _codes(code):
+    yield code
+    for const in code.co_consts:
+        if isinstance(const, types.CodeType):
+            yield from _codes(const)
+
+
+def _references(function):
+    """The objects that `function`'s code (nested functions included) names:
+    globals, their attributes (`module.name`) and modules it imports."""
+    function = inspect.unwrap(function)
+    code = getattr(function, "__code__", None)
+    if code is None:
+        return
+    namespace = function.__globals__
+    for part in _codes(code):
+        current = None
+        for instruction in dis.get_instructions(part):
+            if instruction.opname in _LOADS:
+                name = instruction.argval
+                current = namespace.get(name, getattr(builtins, name, None))
+            elif instruction.opname in _ATTRIBUTES and isinstance(
+                current, (types.ModuleType, type)
+            ):
+                try:  # a module's or class's attribute: `subprocess.run`, `train.main`
+                    current = getattr(current, instruction.argval, None)
+                except Exception:  # a lazy attribute that does not load: not a target
+                    current = None
+            elif instruction.opname in _ATTRIBUTES:
+                current = None  # an instance's attribute: not followed
+            elif instruction.opname == "IMPORT_NAME":
+                current = sys.modules.get(instruction.argval)
+            else:
+                current = None
+                continue
+            if current is not None:
+                yield current
+
+
+class _Reach:
+    """Whether code reaches one of `targets`, reading tests/ functions and
+    classes on the way (memoized) but not `opaque` ones."""
+
+    def __init__(self, targets, opaque=()):
+        self.targets = {id(target) for target in targets}
+        self.opaque = {id(helper) for helper in opaque}
+        self.known = {}
+
+    def find(self, obj):
+        """The names on a path from `obj` to a target, or None."""
+        key = id(obj)
+        if key not in self.known:
+            self.known[key] = None  # a cycle adds nothing
+            self.known[key] = self._search(obj)
+        return self.known[key]
+
+    def _search(self, obj):
+        if isinstance(obj, type):
+            children = []
+            for member in vars(obj).values():
+                member = member.fget if isinstance(member, property) else member
+                children.append(getattr(member, "__func__", member))
+        else:
+            children = []
+            for reference in _references(obj):
+                if id(reference) in self.targets:
+                    return [_name(obj), _name(reference)]
+                children.append(reference)
+        for child in children:
+            readable = inspect.isfunction(child) or isinstance(child, type)
+            if readable and id(child) not in self.opaque and _in_tests(child):
+                path = self.find(child)
+                if path:
+                    return [_name(obj), *path]
+        return None
+
+
+def _name(obj):
+    return getattr(obj, "__qualname__", None) or getattr(obj, "__name__", repr(obj))
+
+
+def _fixture_functions(item):
+    info = getattr(item, "_fixtureinfo", None)
+    for name in getattr(info, "names_closure", ()):
+        for definition in info.name2fixturedefs.get(name, ()):
+            if _in_tests(definition.func):
+                yield definition.func
+
+
+def _why_slow(item):
+    """Why `item` is slow ("starts a process: ..."), or None."""
+    for marker in ("subprocess", "multiworker"):
+        if item.get_closest_marker(marker):
+            return f"marked {marker}"
+    function = getattr(item, "function", None)
+    sources = ([function] if function else []) + list(_fixture_functions(item))
+    for reach, what in ((_PROCESSES, "starts a process"), (_TRAINING, "trains a run")):
+        for source in sources:
+            path = reach.find(source)
+            if path:
+                return f"{what}: {' -> '.join(path)}"
+    return None
+
+
+@pytest.hookimpl(tryfirst=True)  # before -m deselects
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        why = _why_slow(item)
+        if why:
+            item.add_marker(pytest.mark.slow)
+            item.user_properties.append(("slow", why))
+            if why.startswith("starts a process") and not item.get_closest_marker("subprocess"):
+                item.add_marker(pytest.mark.subprocess)
+
+
+_INHERITED = object()
+
+
+class ProcessInFastTest(RuntimeError):
+    """Raised by a process-starting call in a test not marked slow."""
+
+
+class _Guard:
+    """While installed: starting a process raises ProcessInFastTest, and the
+    training through Model.fit and train_on_batch is counted."""
+
+    def __init__(self, item):
+        self.item = item
+        self.started = []
+        self.steps = self.work = 0
+        self.undo = []
+
+    def _patch(self, owner, name, replacement):
+        self.undo.append((owner, name, vars(owner).get(name, _INHERITED)))
+        setattr(owner, name, replacement)
+
+    def _refuse(self, what):
+        def refuse(*args, **kwargs):
+            self.started.append(what)
+            raise ProcessInFastTest(self.problems()[0])
+
+        return refuse
+
+    def _count(self, model, steps):
+        if steps > 0:
+            self.steps += steps
+            self.work += steps * _parameters(model)
+
+    def install(self):
+        self._patch(subprocess.Popen, "_execute_child", self._refuse("subprocess.Popen"))
+        self._patch(multiprocessing.process.BaseProcess, "start", self._refuse("multiprocessing"))
+        for name in _OS_STARTERS:
+            if hasattr(os, name):
+                self._patch(os, name, self._refuse(f"os.{name}"))
+        fit, train_on_batch = keras.Model.fit, keras.Model.train_on_batch
+        count = self._count
+
+        def counted_fit(model, *args, **kwargs):
+            before = _iterations(model)
+            try:
+                return fit(model, *args, **kwargs)
+            finally:
+                count(model, _iterations(model) - before)
+
+        def counted_train_on_batch(model, *args, **kwargs):
+            try:
+                return train_on_batch(model, *args, **kwargs)
+            finally:
+                count(model, 1)
+
+        self._patch(keras.Model, "fit", counted_fit)
+        self._patch(keras.Model, "train_on_batch", counted_train_on_batch)
+
+    def uninstall(self):
+        while self.undo:
+            owner, name, value = self.undo.pop()
+            if value is _INHERITED:
+                delattr(owner, name)
+            else:
+                setattr(owner, name, value)
+
+    def problems(self):
+        found = []
+        node = self.item.nodeid
+        if self.started:
+            found.append(
+                f"{node} starts a process ({self.started[0]}) but is not marked slow: it must be "
+                "marked slow. tests/conftest.py marks a test slow when its code, its fixtures or "
+                "the tests/ helpers they use reach a process-starting call: add the library "
+                "function that started it to _LIBRARY_STARTERS there."
+            )
+        if self.work > FAST_WORK:
+            found.append(
+                f"{node} trains {self.steps} steps, {self.work:.2g} parameter-steps "
+                f"(> FAST_WORK={FAST_WORK:.2g}), but is not marked slow: it must be marked slow "
+                "(add the library function that trains to _LIBRARY_TRAINING in "
+                "tests/conftest.py) or train fewer steps."
+            )
+        return found
+
+
+# The guard is not test code: a test that checks it does not start a process.
+_PROCESSES = _Reach(PROCESS_STARTERS, opaque=[_Guard])
+_TRAINING = _Reach(LONG_TRAINING, opaque=SHORT_TRAINING)
+
+
+def _iterations(model):
+    try:
+        return int(keras.ops.convert_to_numpy(model.optimizer.iterations))
+    except Exception:  # not compiled, or not readable here: nothing counted
+        return 0
+
+
+def _parameters(model):
+    try:
+        return model.count_params()
+    except Exception:  # not built
+        return 0
+
+
+_GUARD = pytest.StashKey()
+
+
+def _guarded(item):
+    """Runs a test phase under the guard unless the test is slow."""
+    if item.get_closest_marker("slow"):
+        return (yield)
+    guard = item.stash.setdefault(_GUARD, _Guard(item))
+    guard.install()
+    try:
+        result = yield
+    except Exception:
+        if not guard.problems():
+            raise
+        result = None  # replaced by the guard's failure, which says why
+    finally:
+        guard.uninstall()
+    problems = guard.problems()
+    if problems:
+        pytest.fail("\n".join(problems), pytrace=False)
+    return result
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_setup(item):
+    return (yield from _guarded(item))
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_call(item):
+    return (yield from _guarded(item))

@@ -128,7 +128,7 @@ def test_tiny_sweep_writes_tables_and_plot_and_reuses_finished_cells(tmp_path, m
         row = dict(typed[(cell.optimizer, cell.batch_size)], key=cell.key)
         return {"key": cell.key, "row": row, "config": {}, "history": []}
 
-    monkeypatch.setattr(batch_study, "run_cell", stand_in)
+    monkeypatch.setattr(batch_study.runner, "run_cell", stand_in)  # run_study looks it up there
     _, trained = batch_study.run_study(
         parse(*TINY, f"--study_dir={study_dir}", "--base_learning_rates=sgd=0.2")
     )

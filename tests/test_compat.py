@@ -19,6 +19,7 @@ import tensorflow as tf
 
 import keras_lars
 from keras_lars import compat
+from keras_lars.compat import _registry
 
 CPUS = ["/cpu:0", "/cpu:1"]
 
@@ -277,8 +278,8 @@ def test_every_workaround_is_verified_for_the_installed_versions():
 def fresh_compat(monkeypatch, restore_compat):
     """Keras's own code, and no memory of earlier warnings or logs."""
     with compat.unpatched():
-        monkeypatch.setattr(compat, "_UNAVAILABLE", {})
-        monkeypatch.setattr(compat, "_LOGGED", set())
+        monkeypatch.setattr(_registry, "_UNAVAILABLE", {})
+        monkeypatch.setattr(_registry, "_LOGGED", set())
         yield
 
 
@@ -288,8 +289,8 @@ def _replace(monkeypatch, name, **changes):
     workarounds = tuple(
         dataclasses.replace(w, **changes) if w.name == name else w for w in compat.WORKAROUNDS
     )
-    monkeypatch.setattr(compat, "WORKAROUNDS", workarounds)
-    monkeypatch.setattr(compat, "_BY_NAME", {w.name: w for w in workarounds})
+    monkeypatch.setattr(_registry, "WORKAROUNDS", workarounds)
+    monkeypatch.setattr(_registry, "_BY_NAME", {w.name: w for w in workarounds})
 
 
 def test_outside_the_verified_versions_nothing_is_patched(monkeypatch, fresh_compat):
@@ -328,7 +329,7 @@ def test_a_changed_target_is_not_patched_and_the_feature_refuses(monkeypatch, fr
         raise AssertionError("never called")
 
     monkeypatch.setattr(TensorFlowTrainer, "_maybe_symbolic_build", changed)
-    workaround = compat._BY_NAME["symbolic_build_batch"]
+    workaround = _registry._BY_NAME["symbolic_build_batch"]
     assert workaround.problem() == (
         f"its target changed in Keras {keras.__version__}: TensorFlowTrainer._maybe_symbolic_build "
         "takes (self, iterator, data_batch, extra), expected (self, iterator, data_batch)"
@@ -414,6 +415,99 @@ def test_the_registry_table_lists_every_workaround():
     for row, workaround in zip(table[2:], compat.WORKAROUNDS):
         assert row.startswith(f"| `{workaround.name}` | {workaround.kind} | {workaround.issues} |")
         assert row.endswith(f"| {workaround.describe_versions()} |")
+
+
+# --- the package's structure -----------------------------------------------
+def test_each_workaround_is_the_module_named_after_it():
+    """Its `Workaround(...)` entry sits beside its patch, in registry order."""
+    import importlib
+
+    for workaround in compat.WORKAROUNDS:
+        module = importlib.import_module(f"keras_lars.compat.{workaround.name}")
+        assert module.WORKAROUND is workaround
+        assert workaround.install is module.install and workaround.shape is module.shape
+
+
+def test_no_workaround_is_fixed_at_or_below_the_keras_floor():
+    """Keras below the floor is refused at import: such a fix would be dead."""
+    from keras_lars import _environment
+
+    for workaround in compat.WORKAROUNDS:
+        if workaround.package == "keras" and workaround.fixed_in is not None:
+            assert workaround.fixed_in > _environment.KERAS_FLOOR, workaround.name
+
+
+def _imports(root):
+    """{module: the keras_lars modules it imports} of every file under
+    keras_lars/ (`from a import b` names a.b where that is a module)."""
+    import ast
+
+    def exists(name):
+        base = os.path.join(root, *name.split("."))
+        return os.path.exists(base + ".py") or os.path.exists(os.path.join(base, "__init__.py"))
+
+    graph = {}
+    for folder, _, files in os.walk(os.path.join(root, "keras_lars")):
+        for file in sorted(f for f in files if f.endswith(".py")):
+            path = os.path.join(folder, file)
+            parts = os.path.relpath(path, root)[:-3].split(os.sep)
+            name = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+            targets = set()
+            with open(path) as f:
+                tree = ast.parse(f.read())
+            for node in ast.walk(tree):
+                if isinstance(node, ast.Import):
+                    targets |= {alias.name for alias in node.names}
+                elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+                    for alias in node.names:
+                        child = f"{node.module}.{alias.name}"
+                        targets.add(child if exists(child) else node.module)
+            graph[name] = {t for t in targets if t.startswith("keras_lars") and exists(t)}
+    return graph
+
+
+def _cycle(graph):
+    """One import cycle of `graph` as a list of modules, or None."""
+    done, path = set(), []
+
+    def visit(module):
+        if module in path:
+            return path[path.index(module) :] + [module]
+        if module in done:
+            return None
+        path.append(module)
+        for target in sorted(graph.get(module, ())):
+            found = visit(target)
+            if found:
+                return found
+        path.pop()
+        done.add(module)
+        return None
+
+    for module in sorted(graph):
+        found = visit(module)
+        if found:
+            return found
+    return None
+
+
+def test_keras_lars_has_no_import_cycle():
+    """Imports anywhere in a module (also inside functions) count."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    graph = _imports(root)
+    assert "keras_lars.compat._registry" in graph and "keras_lars.layerwise" in graph
+    assert _cycle(graph) is None, " -> ".join(_cycle(graph))
+    assert _cycle({**graph, "keras_lars.compat": {"keras_lars.layerwise"}}) == [
+        "keras_lars.compat",
+        "keras_lars.layerwise",
+        "keras_lars.distribute",
+        "keras_lars.compat",
+    ]  # the check sees a cycle where there is one
+    for module, targets in graph.items():  # compat stands on keras_lars._internals only
+        if module.startswith("keras_lars.compat"):
+            assert {t for t in targets if not t.startswith("keras_lars.compat")} <= {
+                "keras_lars._internals"
+            }, module
 
 
 # --- the environment check at import -----------------------------------------
@@ -507,7 +601,7 @@ def test_fit_on_distribute_datasets_from_function(restore_compat):
         model.fit(data, epochs=1, verbose=0)
         return model.get_weights()
 
-    workaround = compat._BY_NAME["distributed_datasets_from_function"]
+    workaround = _registry._BY_NAME["distributed_datasets_from_function"]
     installed_version = tuple(int(p) for p in keras.__version__.split(".")[:2])
     assert workaround.needed() == (installed_version < (3, 9))
     with compat.unpatched():
@@ -546,7 +640,7 @@ def test_metrics_under_two_replicas_equal_one_device(restore_compat):
         return model.evaluate(dataset, verbose=0)
 
     single = evaluate(tf.distribute.get_strategy())
-    workaround = compat._BY_NAME["on_read_metric_variables"]
+    workaround = _registry._BY_NAME["on_read_metric_variables"]
     installed_version = tuple(int(p) for p in keras.__version__.split(".")[:2])
     assert workaround.needed() == (installed_version < (3, 10))
     with compat.unpatched():

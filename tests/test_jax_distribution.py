@@ -12,6 +12,7 @@ import sys
 
 import pytest
 
+from keras_lars import _internals
 from tests.conftest import requires_jax
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -46,12 +47,21 @@ def results():
 )
 def test_distributed_training_equals_one_device(results, optimizer, setup):
     result = results[f"{optimizer}/{setup}"]
+    problem = _internals.distribution_problem("model")
+    if setup.startswith("model_parallel") and problem:
+        # Keras < 3.10 keeps the slots of sharded variables replicated and
+        # trains differently (0.68 for LARS on 2x4): the optimizer refuses.
+        name = {"lars": "LARS", "lamb": "LAMB"}[optimizer]
+        assert result == {
+            "refused": f"{name} on variables sharded over a keras.distribution mesh: {problem}."
+        }
+        return
     # 8 steps; float32 sums in another order. Measured <= 2.6e-7.
     assert result["difference"] <= 2e-6, result
     if setup.startswith("model_parallel"):
         # The kernels and their optimizer slots really are sharded.
-        assert result["kernel_shardings"] == ["P(None, 'model')", "P('model', None)"]
+        assert result["kernel_shardings"] == [[None, "model"], ["model", None]]
         assert result["hidden_kernel_slot_shardings"]
-        assert set(result["hidden_kernel_slot_shardings"]) == {"P(None, 'model')"}
+        assert all(s == [None, "model"] for s in result["hidden_kernel_slot_shardings"])
     else:
-        assert result["kernel_shardings"] == ["P(None, None)", "P(None, None)"]
+        assert result["kernel_shardings"] == [[None, None], [None, None]]

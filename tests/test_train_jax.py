@@ -1,4 +1,4 @@
-"""The training tool on Keras's JAX backend (tools/jax_runtime.py).
+"""The training tool on Keras's JAX backend (tools/train/runtime_jax.py).
 
 Runs the tool as users do, in child processes, on simulated devices: each
 process sees 8 (or 4) CPU devices through
@@ -11,6 +11,7 @@ at one step), a rerun that loses one to SIGKILL (the other ends with one
 line) and a last rerun end bit for bit where an uninterrupted run ends.
 """
 
+import concurrent.futures
 import json
 import os
 import re
@@ -33,7 +34,8 @@ from tests.test_train import jpeg_bytes
 from tests.test_train import tool_command
 from tests.test_train import write_records
 
-pytestmark = [requires_jax, pytest.mark.subprocess]
+# The tests that start the tool get `subprocess` and `slow` from tests/conftest.py.
+pytestmark = [requires_jax]
 TIMEOUT = 400
 # 64 digits at 16x16 a step (22 steps make an epoch), a checkpoint every 4 steps.
 SHORT = (
@@ -106,34 +108,60 @@ def largest_difference(expected_path, actual_path):
     return worst, len(expected)
 
 
+def run_processes(arg_lists, devices=8, stop=None):
+    """Starts the tool on JAX once per argument list (the processes of one
+    run) and waits for all; with `stop` = (signal, file), sends the signal to
+    the last process once the file exists. Returns [(exit status, output)]."""
+    processes = [start(args, devices) for args in arg_lists]
+    try:
+        if stop:
+            deadline = time.time() + TIMEOUT
+            while not os.path.exists(stop[1]) and time.time() < deadline:
+                assert processes[-1].poll() is None, processes[-1].communicate()[0][-3000:]
+                time.sleep(0.05)
+            processes[-1].send_signal(stop[0])
+        return [finish(process) for process in processes]
+    finally:
+        for process in processes:
+            if process.poll() is None:
+                process.kill()
+                process.wait()
+
+
+def cluster_flags(port, model_dir):
+    """The flags of both processes of a 2-process x 4-device run."""
+    flags = ["--distribution=data_parallel", "--num_processes=2"]
+    flags += [f"--coordinator_address=localhost:{port}", f"--model_dir={model_dir}"]
+    return [[*flags, f"--process_id={i}"] for i in range(2)]
+
+
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
-    """{setup: (model_dir, exit status, output)} of the TWO_STEPS run on each setup."""
+    """{setup: (model_dir, exit status, output)} of the TWO_STEPS run on
+    each setup, and of SHORT on 2 processes x 4 devices ("uninterrupted").
+    Two runs at a time, the two-process ones first (2 cores)."""
     root = tmp_path_factory.mktemp("jax")
-    port = free_ports(1)[0]
-    cluster = ["--distribution=data_parallel", "--num_processes=2"]
-    cluster.append(f"--coordinator_address=localhost:{port}")
-    setups = {  # name: [(extra flags, devices)], one process each
-        "one_device": [(["--distribution=none"], 8)],
-        "data_parallel_8": [(["--distribution=data_parallel"], 8)],
-        "model_parallel_2x4": [(["--distribution=model_parallel", "--model_axis_size=4"], 8)],
-        "data_parallel_8_spe2": [(["--distribution=data_parallel", "--steps_per_execution=2"], 8)],
-        "two_processes_x4": [([*cluster, f"--process_id={i}"], 4) for i in range(2)],
+    two_steps, short = free_ports(2)
+    setups = {  # name: ([flags of each process], devices), TWO_STEPS unless SHORT
+        "two_processes_x4": (cluster_flags(two_steps, root / "two_processes_x4"), 4),
+        "uninterrupted": (cluster_flags(short, root / "uninterrupted"), 4),
+        "one_device": ([["--distribution=none"]], 8),
+        "data_parallel_8": ([["--distribution=data_parallel"]], 8),
+        "model_parallel_2x4": ([["--distribution=model_parallel", "--model_axis_size=4"]], 8),
+        "data_parallel_8_spe2": ([["--distribution=data_parallel", "--steps_per_execution=2"]], 8),
     }
-    found, names = {}, list(setups)
-    for pair in (names[0:2], names[2:4], names[4:]):  # two processes at a time: 2 cores
-        started = {
-            name: [
-                start([*TWO_STEPS, f"--model_dir={root / name}", *flags], devices)
-                for flags, devices in setups[name]
-            ]
-            for name in pair
-        }
-        for name, processes in started.items():
-            outcomes = [finish(process) for process in processes]
-            status = max(code for code, _ in outcomes)
-            found[name] = (str(root / name), status, "\n".join(out for _, out in outcomes))
-    return found
+
+    def run(name):
+        flag_lists, devices = setups[name]
+        length = SHORT if name == "uninterrupted" else TWO_STEPS
+        if len(flag_lists) == 1:
+            flag_lists = [[*flag_lists[0], f"--model_dir={root / name}"]]
+        outcomes = run_processes([[*length, *flags] for flags in flag_lists], devices)
+        status = max(code for code, _ in outcomes)
+        return str(root / name), status, "\n".join(out for _, out in outcomes)
+
+    with concurrent.futures.ThreadPoolExecutor(2) as pool:
+        return dict(zip(setups, pool.map(run, setups)))
 
 
 @pytest.mark.parametrize("setup", ["data_parallel_8", "model_parallel_2x4", "two_processes_x4"])
@@ -178,24 +206,15 @@ def two_processes(model_dir, port, stop=None, after=None):
     """Runs SHORT on 2 processes x 4 devices; with `stop` (a signal), sends
     it to process 1 once the file `after` exists. Returns [(exit status,
     output)] of the two."""
-    cluster = ["--distribution=data_parallel", "--num_processes=2"]
-    cluster += [f"--coordinator_address=localhost:{port}", f"--model_dir={model_dir}"]
-    processes = [start([*SHORT, *cluster, f"--process_id={i}"], devices=4) for i in range(2)]
-    if stop:
-        deadline = time.time() + TIMEOUT
-        while not os.path.exists(after) and time.time() < deadline:
-            assert processes[1].poll() is None, processes[1].communicate()[0][-3000:]
-            time.sleep(0.05)
-        processes[1].send_signal(stop)
-    return [finish(process) for process in processes]
+    flag_lists = [[*SHORT, *flags] for flags in cluster_flags(port, model_dir)]
+    return run_processes(flag_lists, devices=4, stop=stop and (stop, after))
 
 
 @pytest.fixture(scope="module")
-def uninterrupted(tmp_path_factory):
+def uninterrupted(runs):
     """The model dir of SHORT on 2 processes x 4 devices, run through."""
-    model_dir = str(tmp_path_factory.mktemp("jax_cluster") / "uninterrupted")
-    for status, output in two_processes(model_dir, free_ports(1)[0]):
-        assert status == 0, output[-3000:]
+    model_dir, status, output = runs["uninterrupted"]
+    assert status == 0, output[-3000:]
     return model_dir
 
 

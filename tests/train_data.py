@@ -41,3 +41,26 @@ def imagenet_records(root, train_per_class=60, eval_per_class=15, num_shards=4):
         colour_folders(os.path.join(root, "val"), eval_per_class, seed=1), records, "validation", 2
     )
     return records
+
+
+# The fast tier's whole run of the training tool, in this process: ResNet-18
+# on 8x8 digits, one step an epoch (1438 // 1024), two epochs, one evaluation
+# step each. tests/conftest.py keeps a test that trains through short_run
+# (and no other run) fast; its guard fails one that trains more than a few steps.
+SHORT_RUN = dict(
+    image_size=8,
+    global_batch_size=1024,
+    train_epochs=2,
+    warmup_epochs=0,
+    base_learning_rate=1.0,
+    lr_scaling="none",
+)
+
+
+def short_run(model_dir, **settings):
+    """train_and_evaluate of SHORT_RUN (with `settings`) in `model_dir`;
+    returns (config, summary)."""
+    from keras_lars.tools import train
+
+    config = train.Config(**{**SHORT_RUN, **settings, "model_dir": str(model_dir)})
+    return config, train.train_and_evaluate(config)

@@ -1,4 +1,5 @@
-"""The training tool on Keras's JAX backend: processes, devices and keras.distribution.
+"""The training tool's runtime on Keras's JAX backend: processes, devices and
+keras.distribution (the protocol: runtime.py).
 
     --distribution=none            one process, one device
     --distribution=data_parallel   a ("batch",) mesh of every device of every process;
@@ -33,7 +34,64 @@ import jax
 import keras
 import tensorflow as tf
 
+from keras_lars import _internals
 from keras_lars.tools.settings import ConfigError
+from keras_lars.tools.train.preemption import NoClusterPreemption
+from keras_lars.tools.train.preemption import Preempted
+
+
+class JaxRuntime:
+    """--distribution over the devices of jax.distributed's processes."""
+
+    def __init__(self, config):
+        self.config, self.strategy = config, None
+        self.flag = f"--distribution={config.distribution}"
+        self.single_process = config.num_processes == 1
+
+    def start(self, preemption):
+        """Checks that this Keras runs --distribution as one device would, meets
+        the other processes (interruptible), then joins jax.distributed."""
+        if self.config.distribution != "none":
+            parallelism = self.config.distribution.split("_")[0]  # "data" or "model"
+            problem = _internals.distribution_problem(parallelism)
+            if problem:
+                raise ConfigError(f"{self.flag}: {problem}.")
+        try:
+            with preemption.handling(action="stopping the wait for the other processes"):
+                meet_processes(self.config, stop=lambda: preemption.signal)
+        except InterruptedError as error:
+            raise Preempted(f"{error}; nothing was trained; run the same command") from None
+        start_processes(self.config)
+        self.single_process = jax.process_count() == 1
+
+    def place(self, variable_shapes):
+        self.strategy = make_devices(self.config, variable_shapes)
+        self.description = self.strategy.description
+        print(f"{self.flag}: {self.description}", flush=True)
+
+    def cluster_preemption(self, save, stop):
+        return NoClusterPreemption() if self.single_process else _SyncPoint(stop)
+
+    @staticmethod
+    def collective_failed(error, values):
+        """A JAX runtime error of a run in several processes: a collective
+        across them failed (most likely, another process died)."""
+        return isinstance(error, jax.errors.JaxRuntimeError) and jax.process_count() > 1
+
+
+class _SyncPoint:
+    """A SIGTERM to any process makes every process stop at one step (JAX's
+    preemption sync point, jax.distributed's notifier)."""
+
+    def __init__(self, stop):
+        self._stop, self._stopped = stop, False
+
+    def at_step(self, step, done):
+        from jax.experimental import multihost_utils
+
+        if not self._stopped and multihost_utils.reached_preemption_sync_point(step):
+            self._stopped = True
+            self._stop()
 
 
 def meet_processes(config, stop=lambda: False):
@@ -216,18 +274,3 @@ def _describe(devices, mesh, *more):
     where = f" in {processes} processes" if processes > 1 else ""
     parts = [f"{len(devices)} {devices[0].platform} devices{where}", f"mesh {mesh}", *more]
     return ", ".join(parts)
-
-
-def collective_failed(error):
-    """Whether `error` is a JAX runtime error of a run in several processes:
-    a collective across them failed (most likely, another process died)."""
-    return isinstance(error, jax.errors.JaxRuntimeError) and jax.process_count() > 1
-
-
-def preempted_at(step):
-    """Whether every process has agreed to stop at `step` after a SIGTERM to
-    any of them (jax.distributed's preemption sync point; False in a
-    single process)."""
-    from jax.experimental import multihost_utils
-
-    return bool(multihost_utils.reached_preemption_sync_point(step))

@@ -1,0 +1,103 @@
+"""tests/conftest.py's test tiers: what collection marks slow, and the guard
+that fails a test not marked slow which starts a process or trains a run."""
+
+import os
+
+import keras
+import numpy as np
+import pytest
+
+from tests import conftest
+
+# Test code as tests/ holds it: a process started through a helper function
+# and a method of a class.
+SAMPLE = """
+import subprocess
+
+
+def starts(args):
+    return subprocess.run(args)
+
+
+def through_a_helper():
+    return starts(["true"])
+
+
+class Cluster:
+    def start(self):
+        return through_a_helper()
+
+
+def uses_a_class():
+    return Cluster().start()
+
+
+def pure():
+    return len("no process")
+"""
+
+
+def _sample():
+    namespace = {"__name__": __name__}
+    path = os.path.join(conftest.TESTS, "tiers_sample.py")
+    exec(compile(SAMPLE, path, "exec"), namespace)
+    return namespace
+
+
+def test_a_process_start_is_found_through_the_functions_and_classes_of_tests():
+    sample = _sample()
+    reach = conftest._Reach(conftest.PROCESS_STARTERS)
+    assert reach.find(sample["uses_a_class"]) == [
+        "uses_a_class",
+        "Cluster",
+        "Cluster.start",
+        "through_a_helper",
+        "starts",
+        "subprocess",
+    ]
+    assert reach.find(sample["pure"]) is None
+    # A helper that bounds its run is not read: what it reaches does not count.
+    opaque = conftest._Reach(conftest.PROCESS_STARTERS, opaque=[sample["through_a_helper"]])
+    assert opaque.find(sample["uses_a_class"]) is None
+
+
+def test_the_slow_tests_are_the_ones_that_start_a_process_or_train_a_run(request):
+    items = {item.name: item for item in request.session.items}
+    slow = {name for name, item in items.items() if item.get_closest_marker("slow")}
+    if "test_help_lists_every_setting" in items:  # test_train.py collected too
+        assert "test_help_lists_every_setting" in slow  # run_tool -> subprocess
+        assert items["test_help_lists_every_setting"].get_closest_marker("subprocess")
+        assert "test_two_replicas_train_and_evaluate_padded_batches" in slow
+        assert (
+            "test_a_run_in_this_process_checkpoints_each_epoch_and_ends_with_a_summary" not in slow
+        )
+        assert "test_sgd_is_momentum_sgd_with_coupled_weight_decay" not in slow
+    assert request.node.name not in slow
+
+
+class _Item:
+    nodeid = "tests/sample.py::test_sample"
+
+
+def test_the_guard_refuses_a_process_start_and_counts_the_training(monkeypatch):
+    guard = conftest._Guard(_Item())
+    guard.install()
+    try:
+        # getattr: a call that collection does not see, as a misclassified test's.
+        with pytest.raises(
+            conftest.ProcessInFastTest,
+            match=r"test_sample starts a process \(os.system\) but is not marked slow: it must",
+        ):
+            getattr(os, "system")("true")  # noqa: B009
+        model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)])  # 8 parameters
+        model.compile(optimizer="sgd", loss="mse", steps_per_execution=2)
+        model.fit(np.zeros((16, 3)), np.zeros((16, 2)), batch_size=4, epochs=2, verbose=0)
+        model.train_on_batch(np.zeros((4, 3)), np.zeros((4, 2)))
+    finally:
+        guard.uninstall()
+    assert (guard.steps, guard.work) == (9, 9 * 8)
+    assert len(guard.problems()) == 1  # the process; 72 parameter-steps are few
+    with monkeypatch.context() as patch:  # (this test's own guard reads FAST_WORK after it)
+        patch.setattr(conftest, "FAST_WORK", 71)
+        problems = guard.problems()
+    assert "trains 9 steps, 72 parameter-steps (> FAST_WORK=71)" in problems[1]

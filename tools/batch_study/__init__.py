@@ -1,0 +1,147 @@
+"""Large-batch study: test accuracy against the global batch size, per optimizer,
+at a fixed epoch budget.
+
+    keras-lars-study          # digits, ResNet-18 at 16x16, 48 cells, ~40 min on 2 cores
+
+    # your own ImageNet-format TFRecords (keras-lars-make-tfrecords)
+    keras-lars-study --dataset=imagenet --data_dir=data/photos \\
+        --image_size=64 --batch_sizes=64,256,1024,full --train_epochs=30
+
+Also `python -m keras_lars.tools.batch_study`. Every cell (optimizer, global
+batch B, seed) is one run of the training tool (`train.train_and_evaluate`)
+for the same --train_epochs, so a larger batch takes fewer steps:
+steps = epochs * floor(N / B) for N training examples ("full" in
+--batch_sizes is B = N: one step per epoch). Every
+optimizer follows `keras_lars.WarmupPolyDecay` (linear warmup over
+--warmup_epochs, power-2 decay to --end_learning_rate) with the peak rate its
+scaling rule gives from its base rate per 256 examples (the tool's
+--lr_scaling, `train.scaled_learning_rate`): linear, sqrt or none.
+
+Defaults (--base_learning_rates, --lr_scaling): momentum SGD and Nesterov 0.1
+per 256, linear (Goyal et al. 2017); LARS 2.5 per 256, linear; LAMB 0.01 per
+256, square root. Each is the best of candidates 4x apart in a one-seed probe
+at batch 128 on digits (README, "Large-batch study"); Nesterov takes SGD's.
+Nothing is tuned per batch size: the question is whether a rule chosen once
+holds as the batch grows.
+
+Each cell reports two test accuracies: the tool's (the network as trained,
+batch norm using its moving averages) and one with "precise BN" (Wu & Johnson
+2021): the last checkpoint with every batch-norm layer's statistics
+re-estimated on training images. With a fixed epoch budget the largest
+batches take only a few steps, after which the moving averages (momentum 0.9)
+still hold much of their initial values; the second number separates what
+the optimizer reached from that lag.
+
+Every other setting is a flag of the training tool shared by all cells
+(--model, --dataset, --data_dir, --image_size, --momentum, --weight_decay,
+...); the study's own defaults: --train_epochs=10, --warmup_epochs=2 and, on
+digits, --image_size=16. The settings the study sets per cell (PER_CELL, the
+fields of `CellSettings`: --optimizer, --global_batch_size,
+--base_learning_rate, --seed, --model_dir, ...) are not its flags; its
+--base_learning_rates and --lr_scaling give each optimizer its own value of
+the tool's --base_learning_rate and --lr_scaling.
+
+Outputs in --study_dir (a local directory):
+
+    cells.jsonl           the store: one JSON line per finished cell, appended
+                          as it finishes (its full config, key, row, history)
+    cells.csv, .json      one row per (optimizer, batch, seed) cell of this study
+    aggregate.csv, .json  one row per (optimizer, batch): mean, std over seeds
+    accuracy_vs_batch.png test accuracy against batch size (log axis), one line
+                          per optimizer, error bars = std over seeds
+    cells/<name>/         each cell's model dir (config, summary, logs, train.log)
+
+Resuming: rerun the same command. A cell is identified by a hash of its whole
+training config (every setting of train.Config that decides its numbers,
+not where and how it runs, logs and checkpoints): cells
+found in the store are not rerun, a cell whose config changed (another rate,
+epoch count, model, ...) gets a new key and runs, and a cell killed midway
+resumes from its last epoch checkpoint. Tables and plot are rewritten (under
+a temporary name, then renamed) after every cell.
+
+The parts, each using only those above it:
+
+    study        StudySettings, CellSettings (PER_CELL), Study, make_study
+    cells        a cell's Config, run length and key; make_cells
+    precise_bn   recalibrate_batch_norm, precise_bn_evaluation
+    store        cells.jsonl: load_store, append_record
+    results      aggregate, write_table, plot, write_outputs
+    runner       run_cell, run_study
+    cli          define_flags, study_from_flags, main, run (keras-lars-study)
+"""
+
+from keras_lars.tools.batch_study.cells import PROTOCOL
+from keras_lars.tools.batch_study.cells import Cell
+from keras_lars.tools.batch_study.cells import cell_config
+from keras_lars.tools.batch_study.cells import cell_key
+from keras_lars.tools.batch_study.cells import make_cells
+from keras_lars.tools.batch_study.cells import resolve_batch_sizes
+from keras_lars.tools.batch_study.cli import define_flags
+from keras_lars.tools.batch_study.cli import main
+from keras_lars.tools.batch_study.cli import run
+from keras_lars.tools.batch_study.cli import study_from_flags
+from keras_lars.tools.batch_study.precise_bn import RECALIBRATION_BATCH
+from keras_lars.tools.batch_study.precise_bn import RECALIBRATION_EXAMPLES
+from keras_lars.tools.batch_study.precise_bn import precise_bn_evaluation
+from keras_lars.tools.batch_study.precise_bn import recalibrate_batch_norm
+from keras_lars.tools.batch_study.results import ACCURACIES
+from keras_lars.tools.batch_study.results import AGGREGATE_FIELDS
+from keras_lars.tools.batch_study.results import ROW_FIELDS
+from keras_lars.tools.batch_study.results import aggregate
+from keras_lars.tools.batch_study.results import plot
+from keras_lars.tools.batch_study.results import write_outputs
+from keras_lars.tools.batch_study.results import write_table
+from keras_lars.tools.batch_study.runner import run_cell
+from keras_lars.tools.batch_study.runner import run_study
+from keras_lars.tools.batch_study.store import append_record
+from keras_lars.tools.batch_study.store import load_store
+from keras_lars.tools.batch_study.study import DEFAULT_RATES
+from keras_lars.tools.batch_study.study import DEFAULT_SCALING
+from keras_lars.tools.batch_study.study import DIGITS_IMAGE_SIZE
+from keras_lars.tools.batch_study.study import FULL
+from keras_lars.tools.batch_study.study import PER_CELL
+from keras_lars.tools.batch_study.study import STUDY_DEFAULTS
+from keras_lars.tools.batch_study.study import CellSettings
+from keras_lars.tools.batch_study.study import Study
+from keras_lars.tools.batch_study.study import StudySettings
+from keras_lars.tools.batch_study.study import make_study
+from keras_lars.tools.batch_study.study import per_optimizer
+
+__all__ = [
+    "DEFAULT_RATES",
+    "DEFAULT_SCALING",
+    "DIGITS_IMAGE_SIZE",
+    "FULL",
+    "PER_CELL",
+    "STUDY_DEFAULTS",
+    "CellSettings",
+    "Study",
+    "StudySettings",
+    "make_study",
+    "per_optimizer",
+    "PROTOCOL",
+    "Cell",
+    "cell_config",
+    "cell_key",
+    "make_cells",
+    "resolve_batch_sizes",
+    "RECALIBRATION_BATCH",
+    "RECALIBRATION_EXAMPLES",
+    "precise_bn_evaluation",
+    "recalibrate_batch_norm",
+    "append_record",
+    "load_store",
+    "ACCURACIES",
+    "AGGREGATE_FIELDS",
+    "ROW_FIELDS",
+    "aggregate",
+    "plot",
+    "write_outputs",
+    "write_table",
+    "run_cell",
+    "run_study",
+    "define_flags",
+    "main",
+    "run",
+    "study_from_flags",
+]

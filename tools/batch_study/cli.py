@@ -1,0 +1,54 @@
+"""The keras-lars-study command line: flags -> Study -> run_study, and its
+exit codes (1 with one error line; train.EXIT_PREEMPTED when preempted)."""
+
+import sys
+
+import tensorflow as tf
+from absl import app
+from absl import flags
+
+from keras_lars.tools import input_pipeline
+from keras_lars.tools import settings
+from keras_lars.tools import storage
+from keras_lars.tools import train
+from keras_lars.tools.batch_study.runner import run_study
+from keras_lars.tools.batch_study.study import PER_CELL
+from keras_lars.tools.batch_study.study import STUDY_DEFAULTS
+from keras_lars.tools.batch_study.study import StudySettings
+from keras_lars.tools.batch_study.study import make_study
+from keras_lars.tools.settings import ConfigError
+
+
+def define_flags(flag_values=flags.FLAGS):
+    """The study's flags: its own settings and the training tool's shared ones."""
+    settings.define_flags(StudySettings, flag_values)
+    settings.define_flags(train.Config, flag_values, exclude=PER_CELL, defaults=STUDY_DEFAULTS)
+
+
+def study_from_flags(flag_values=flags.FLAGS):
+    """The Study of the parsed flags (ConfigError naming a bad one)."""
+    own, _ = settings.from_flags(StudySettings, flag_values)
+    shared, _ = settings.from_flags(train.Config, flag_values, exclude=PER_CELL)
+    return make_study(StudySettings(**own), shared)
+
+
+def main(argv):
+    """Runs the study of the flags on the backend they name."""
+    if len(argv) > 1:
+        raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
+    train.use_backend(flags.FLAGS.backend, "keras_lars.tools.batch_study")
+    # Every cell builds a new model, which TensorFlow reports as "retracing".
+    tf.get_logger().setLevel("ERROR")
+    try:
+        run_study(study_from_flags())
+    except train.Preempted as error:
+        print(f"preempted: {error}", file=sys.stderr, flush=True)
+        sys.exit(train.EXIT_PREEMPTED)
+    except (ConfigError, input_pipeline.DataError, storage.StorageError) as error:
+        sys.exit(f"error: {error}")
+
+
+def run(argv=None):
+    """The keras-lars-study entry point."""
+    define_flags()
+    app.run(main, argv)

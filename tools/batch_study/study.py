@@ -1,0 +1,215 @@
+"""What a study is: its own settings, the training tool's settings that its
+cells share, and those it sets per cell; `make_study` joins them.
+
+The training tool's settings fall in two parts. Those set per cell are the
+fields of `CellSettings` (so `PER_CELL` is derived from it, and they are not
+the study's flags); all the others are shared by every cell and are the
+study's flags, with `STUDY_DEFAULTS` in place of the tool's defaults. The
+study's --base_learning_rates and --lr_scaling give each optimizer its own
+value of the tool's --base_learning_rate and --lr_scaling, read and checked
+as the tool reads and checks them.
+"""
+
+import dataclasses
+import math
+
+from keras_lars.tools import settings
+from keras_lars.tools import train
+from keras_lars.tools.settings import ConfigError
+from keras_lars.tools.settings import at_least
+from keras_lars.tools.settings import setting
+
+DEFAULT_RATES = {"sgd": 0.1, "nesterov": 0.1, "lars": 2.5, "lamb": 0.01}
+DEFAULT_SCALING = {"sgd": "linear", "nesterov": "linear", "lars": "linear", "lamb": "sqrt"}
+# The study's defaults for settings of the training tool.
+STUDY_DEFAULTS = {"train_epochs": 10, "warmup_epochs": 2.0}
+DIGITS_IMAGE_SIZE = 16
+FULL = "full"
+
+
+@dataclasses.dataclass(frozen=True)
+class CellSettings:
+    """The training tool's settings that the study sets per cell: the grid
+    point, the cell's model dir, and what every cell must do. They replace
+    the shared settings in each cell's Config, and are not the study's flags."""
+
+    optimizer: str
+    global_batch_size: int
+    base_learning_rate: float
+    lr_scaling: str
+    seed: int
+    model_dir: str
+    recipe: str = "none"  # the study's rates, not a recipe's
+    train_steps: int = 0  # the length is the epoch budget
+    eval: bool = True  # every cell reports its test accuracy
+    trust_ratio_log_every: int = 0
+    stop_on_divergence: bool = False  # a cell that diverges is a result (chance accuracy)
+    divergence_rollbacks: int = 0  # so no rollback either
+    divergence_rate_factor: float = train.Config.divergence_rate_factor  # unused: no rollback
+
+
+PER_CELL = tuple(field.name for field in dataclasses.fields(CellSettings))
+
+
+# --- optimizer=value pairs of a training tool's setting ----------------------------------
+def _tool_setting(name):
+    """The training tool's declaration of setting `name` (a dataclass field)."""
+    (field,) = [f for f in settings.fields(train.Config) if f.name == name]
+    return field
+
+
+def _tool_value(name, text, noun):
+    """(value, problem or None): `text` read as the training tool's setting
+    `name` (its type) and checked as the tool checks it (finite, choices,
+    check; the checks of these settings read no other setting)."""
+    field = _tool_setting(name)
+    kind = type(field.default)
+    try:
+        value = kind(text)
+    except ValueError:
+        return None, f"the {noun} must be a number"
+    choices, check = field.metadata["choices"], field.metadata["check"]
+    if kind is float and not math.isfinite(value):
+        problem = "must be a finite number"
+    elif choices and value not in choices:
+        problem = f"must be one of {', '.join(choices)}"
+    else:
+        problem = check(value, None) if check else None
+    return value, problem and f"the {noun} {problem}"
+
+
+def per_optimizer(name, noun, defaults, help=None):
+    """A study setting of optimizer=value pairs: each optimizer's own value of
+    the training tool's setting `name` (`noun` in messages); optimizers not
+    listed keep `defaults`. Its help, unless given, is the tool's."""
+    if help is None:
+        help = (
+            f"optimizer={noun} pairs, the training tool's --{name} per optimizer; "
+            f"optimizers not listed keep their default. {_tool_setting(name).metadata['help']}"
+        )
+
+    def check(entries, config):
+        for entry in entries:
+            optimizer, sep, text = entry.partition("=")
+            if not sep or optimizer not in train.OPTIMIZERS:
+                return (
+                    f"expected optimizer=value pairs with optimizer one of "
+                    f"{', '.join(train.OPTIMIZERS)}; got {entry!r}"
+                )
+            _, problem = _tool_value(name, text, noun)
+            if problem:
+                return f"{entry!r}: {problem}"
+        return None
+
+    return setting(tuple(f"{k}={v}" for k, v in defaults.items()), help, check=check)
+
+
+def by_optimizer(entries, name, defaults):
+    """{optimizer: value} of checked optimizer=value `entries` of the tool's
+    setting `name`, over `defaults`."""
+    found = dict(defaults)
+    for entry in entries:
+        optimizer, _, text = entry.partition("=")
+        found[optimizer], _ = _tool_value(name, text, "value")
+    return found
+
+
+# --- the study's own settings ------------------------------------------------------------
+def _batch_sizes_problem(entries, config):
+    if not entries:
+        return "name at least one batch size"
+    for entry in entries:
+        if entry != FULL and not (entry.isdigit() and int(entry) >= 1):
+            return f"{entry!r} is neither a positive integer nor {FULL!r}"
+    return None
+
+
+def _optimizers_problem(names, config):
+    if not names:
+        return "name at least one optimizer"
+    if len(set(names)) < len(names):
+        return "an optimizer is listed twice"
+    return None
+
+
+@dataclasses.dataclass(frozen=True)
+class StudySettings:
+    """The study's own settings (its other flags are the training tool's)."""
+
+    optimizers: tuple = setting(
+        tuple(DEFAULT_RATES),
+        "Optimizers to compare.",
+        choices=train.OPTIMIZERS,
+        check=_optimizers_problem,
+    )
+    batch_sizes: tuple = setting(
+        ("32", "128", "512", FULL),
+        "Global batch sizes; 'full' is the whole training set (one step per epoch).",
+        check=_batch_sizes_problem,
+    )
+    seeds: int = setting(
+        3, "Seeds per (optimizer, batch): 0, 1, ..., seeds - 1.", check=at_least(1)
+    )
+    base_learning_rates: tuple = per_optimizer(
+        "base_learning_rate",
+        "rate",
+        DEFAULT_RATES,
+        "optimizer=rate pairs: peak rate per 256 examples, scaled by --lr_scaling; "
+        "optimizers not listed keep their default.",
+    )
+    lr_scaling: tuple = per_optimizer("lr_scaling", "rule", DEFAULT_SCALING)
+    study_dir: str = setting(
+        "runs/batch_study",
+        "Store, tables, plot and cell model dirs (a local directory).",
+        check=lambda value, config: None if value else "must be a directory path",
+    )
+
+    def __post_init__(self):
+        settings.check(self)
+
+
+# --- the study ---------------------------------------------------------------------------
+@dataclasses.dataclass(frozen=True)
+class Study:
+    """A sweep: the training settings every cell shares, and the grid."""
+
+    shared: train.Config  # its per-cell settings are overwritten by each cell
+    optimizers: tuple
+    batch_sizes: tuple  # ints and/or FULL
+    seeds: int
+    rates: dict  # optimizer -> (base rate per 256 examples, scaling rule)
+    study_dir: str
+
+
+def make_study(own, shared):
+    """The Study of `own` (StudySettings) and `shared`: values of the
+    training tool's settings but PER_CELL (STUDY_DEFAULTS where absent;
+    image size 0 on digits: DIGITS_IMAGE_SIZE)."""
+    per_cell = sorted(set(shared) & set(PER_CELL))
+    if per_cell:
+        raise ConfigError(f"--{per_cell[0]} is set per cell by the study.")
+    shared = {**STUDY_DEFAULTS, **shared}
+    if not shared.get("image_size") and shared.get("dataset", train.Config.dataset) == "digits":
+        shared["image_size"] = DIGITS_IMAGE_SIZE
+    bases = by_optimizer(own.base_learning_rates, "base_learning_rate", DEFAULT_RATES)
+    rules = by_optimizer(own.lr_scaling, "lr_scaling", DEFAULT_SCALING)
+    batches = tuple(FULL if b == FULL else int(b) for b in own.batch_sizes)
+    base = train.Config(**shared)  # checks the shared settings (names the flag)
+    if base.strategy == "multi_worker" or base.num_processes != 1:
+        culprit = (
+            "--strategy=multi_worker"
+            if base.strategy == "multi_worker"
+            else f"--num_processes={base.num_processes}"
+        )
+        raise ConfigError(
+            f"{culprit}: the study trains its cells one after another in one process; "
+            "give it the devices of one machine (--strategy=mirrored or --distribution)."
+        )
+    return Study(
+        base,
+        own.optimizers,
+        batches,
+        own.seeds,
+        {name: (bases[name], rules[name]) for name in own.optimizers},
+        own.study_dir,
+    )

@@ -1,0 +1,64 @@
+"""In-memory data: scikit-learn's handwritten digits, read in a seeded
+order per epoch, and synthetic images for throughput."""
+
+import numpy as np
+import tensorflow as tf
+
+from keras_lars.tools.input_pipeline.errors import DataError
+from keras_lars.tools.input_pipeline.transforms import normalize
+
+DIGITS_CLASSES = 10
+DIGITS_SPLIT_SEED = 0  # the train/test split never changes with --seed
+DIGITS_TEST_FRACTION = 0.2
+
+
+def load_digits(image_size):
+    """((train images, labels), (test images, labels)) as numpy arrays: the
+    1797 8x8 digits, upsampled to (image_size, image_size, 3) and normalised,
+    split 80/20 by a fixed seeded permutation."""
+    try:
+        from sklearn.datasets import load_digits as sklearn_digits
+    except ImportError:
+        raise DataError(
+            "--dataset=digits needs scikit-learn: pip install scikit-learn "
+            "(or the tools extra: pip install 'keras-lars[tools]')."
+        ) from None
+    pixels, labels = sklearn_digits(return_X_y=True)
+    images = pixels.reshape(-1, 8, 8, 1).astype("float32") * (255.0 / 16.0)
+    images = tf.image.resize(images, [image_size, image_size], method="bilinear")
+    images = normalize(tf.repeat(images, 3, axis=-1)).numpy()
+    labels = labels.astype("int32")
+    order = np.random.default_rng(DIGITS_SPLIT_SEED).permutation(len(labels))
+    test = round(len(labels) * DIGITS_TEST_FRACTION)
+    train_index, test_index = order[test:], order[:test]
+    return (images[train_index], labels[train_index]), (images[test_index], labels[test_index])
+
+
+def epoch_permutation(num_examples, seed, epoch):
+    """The order of the training examples in `epoch`: a numpy permutation
+    seeded by (seed, epoch)."""
+    return np.random.default_rng([seed, epoch]).permutation(num_examples)
+
+
+def arrays_train(images, labels, epoch, batch_size, seed, input_context=None, skip_batches=0):
+    """One epoch of in-memory examples (tensors) in the order of
+    `epoch_permutation`, every n-th for pipeline i of n, without its first
+    `skip_batches` batches; no augmentation."""
+    order = epoch_permutation(int(labels.shape[0]), seed, epoch)
+    if input_context is not None:
+        order = order[input_context.input_pipeline_id :: input_context.num_input_pipelines]
+    order = order[skip_batches * batch_size :]
+    dataset = tf.data.Dataset.from_tensor_slices(order)
+    dataset = dataset.batch(batch_size, drop_remainder=True)
+    dataset = dataset.map(lambda index: (tf.gather(images, index), tf.gather(labels, index)))
+    return dataset.prefetch(tf.data.AUTOTUNE)
+
+
+def synthetic(batch_size, image_size, num_classes, seed):
+    """One batch of random normal images and labels, generated once and
+    repeated forever: measures everything but the input pipeline."""
+    images = tf.random.stateless_normal([batch_size, image_size, image_size, 3], [seed, 1])
+    labels = tf.random.stateless_uniform(
+        [batch_size], [seed, 2], minval=0, maxval=num_classes, dtype=tf.int32
+    )
+    return tf.data.Dataset.from_tensors((images, labels)).repeat()

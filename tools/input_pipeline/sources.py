@@ -1,0 +1,232 @@
+"""The data sources behind one protocol, and `load`, which builds the one a
+Config names: what the training tool sees of its data."""
+
+import dataclasses
+import inspect
+import math
+import typing
+
+import tensorflow as tf
+
+from keras_lars.tools.input_pipeline import records
+from keras_lars.tools.input_pipeline.arrays import DIGITS_CLASSES
+from keras_lars.tools.input_pipeline.arrays import arrays_train
+from keras_lars.tools.input_pipeline.arrays import load_digits
+from keras_lars.tools.input_pipeline.arrays import synthetic
+from keras_lars.tools.input_pipeline.imagenet import imagenet_eval_examples
+from keras_lars.tools.input_pipeline.imagenet import imagenet_train
+from keras_lars.tools.input_pipeline.record_checks import validate_files
+
+
+@dataclasses.dataclass(frozen=True)
+class DatasetInfo:
+    """What the tool needs to know about a data set before building it."""
+
+    name: str
+    num_train: int
+    num_eval: int
+    num_classes: int
+    train_files: tuple = ()
+    eval_files: tuple = ()
+
+
+def padded_batches(examples, batch_size, num_batches, image_size):
+    """(images, labels, weights) batches: the examples with weight 1, then
+    weight-0 blank examples, cut to exactly `num_batches` full batches, so
+    every replica of every worker runs every evaluation step on a full batch
+    (static shapes for TPUs; no empty batch) and the weighted metrics count
+    each real example once."""
+    real = examples.map(lambda image, label: (image, label, 1.0))
+    blank = tf.data.Dataset.from_tensors(
+        (tf.zeros([image_size, image_size, 3]), tf.constant(0, tf.int32), 0.0)
+    ).repeat()
+    dataset = real.concatenate(blank).batch(batch_size, drop_remainder=True)
+    return dataset.take(num_batches).prefetch(tf.data.AUTOTUNE)
+
+
+class DataSource(typing.Protocol):
+    """A data set ready to build its splits, per epoch and input pipeline.
+
+    Constructed from settings of the tool's Config (its constructor's
+    parameter names are Config field names; `load` passes them).
+    `train(epoch, ...)` yields at least the epoch's steps of batches of
+    `global_batch_size / num_replicas` examples (the caller takes the steps),
+    without the epoch's first `skip_batches` batches (a resume within it);
+    `eval(...)` yields `eval_steps(...)` full batches of (images, labels,
+    weights) covering the evaluation split once, padding with weight 0.
+    """
+
+    info: DatasetInfo
+
+    def train(self, epoch, global_batch_size, input_context=None, skip_batches=0): ...
+
+    def eval_steps(self, global_batch_size, num_pipelines=1): ...
+
+    def eval(self, global_batch_size, input_context=None): ...
+
+
+class _Source:
+    """What every source shares: the padded evaluation batches."""
+
+    default_image_size = 224
+    required_settings = ()  # constructor arguments that must be given
+
+    def eval_share(self, num_pipelines):
+        """The most evaluation examples one input pipeline holds."""
+        return math.ceil(self.info.num_eval / num_pipelines)
+
+    def eval_steps(self, global_batch_size, num_pipelines=1):
+        """Evaluation steps: enough for the largest pipeline's share."""
+        return math.ceil(self.eval_share(num_pipelines) / (global_batch_size // num_pipelines))
+
+    def eval(self, global_batch_size, input_context=None):
+        batch = _per_replica(global_batch_size, input_context)
+        pipelines = input_context.num_input_pipelines if input_context else 1
+        pipeline_id = input_context.input_pipeline_id if input_context else 0
+        examples = self.eval_examples(batch, pipeline_id, pipelines, input_context)
+        local_replicas = global_batch_size // pipelines // batch
+        steps = self.eval_steps(global_batch_size, pipelines)
+        return padded_batches(examples, batch, steps * local_replicas, self.image_size)
+
+
+class Digits(_Source):
+    """scikit-learn's 1797 handwritten digits in memory (`load_digits`),
+    read in the order of `epoch_permutation`; nothing is downloaded."""
+
+    default_image_size = 32
+
+    def __init__(self, image_size=32, seed=0, num_classes=0):
+        self.image_size, self.seed = image_size, seed
+        self.arrays = tf.nest.map_structure(tf.constant, load_digits(image_size))
+        (_, train_labels), (_, eval_labels) = self.arrays
+        self.info = DatasetInfo(
+            "digits", len(train_labels), len(eval_labels), num_classes or DIGITS_CLASSES
+        )
+
+    def train(self, epoch, global_batch_size, input_context=None, skip_batches=0):
+        (images, labels), _ = self.arrays
+        return arrays_train(
+            images,
+            labels,
+            epoch,
+            _per_replica(global_batch_size, input_context),
+            self.seed,
+            input_context,
+            skip_batches,
+        )
+
+    def eval_examples(self, batch, pipeline_id, pipelines, input_context):
+        _, (images, labels) = self.arrays
+        return tf.data.Dataset.from_tensor_slices(
+            (images[pipeline_id::pipelines], labels[pipeline_id::pipelines])
+        )
+
+
+class Synthetic(_Source):
+    """Random images of ImageNet's sizes (`synthetic`), for throughput."""
+
+    def __init__(self, image_size=224, seed=0, num_classes=0, train_examples=0, eval_examples=0):
+        self.image_size, self.seed = image_size, seed
+        self.info = DatasetInfo(
+            "synthetic",
+            train_examples or records.IMAGENET_TRAIN_EXAMPLES,
+            eval_examples or records.IMAGENET_EVAL_EXAMPLES,
+            num_classes or records.IMAGENET_CLASSES,
+        )
+
+    def train(self, epoch, global_batch_size, input_context=None, skip_batches=0):
+        return synthetic(
+            _per_replica(global_batch_size, input_context),
+            self.image_size,
+            self.info.num_classes,
+            self.seed,
+        )
+
+    def eval_examples(self, batch, pipeline_id, pipelines, input_context):
+        return synthetic(batch, self.image_size, self.info.num_classes, self.seed + 1).unbatch()
+
+
+class ImageNetRecords(_Source):
+    """ImageNet-format TFRecords: `data_dir/train-*` and `data_dir/validation-*`.
+
+    The first record of every file is checked here (DataError naming the
+    file). Counts and classes: the arguments if > 0, else
+    `data_dir/dataset.json` (written by keras-lars-make-tfrecords); without
+    it, ImageNet's 1281167 / 50000 / 1000 for the 1024 + 128 shards that
+    tensorflow/tpu's imagenet_to_gcs.py writes, else counted from the
+    records (saying so). With eval=False no validation-* is needed.
+    """
+
+    required_settings = ("data_dir",)
+
+    def __init__(
+        self,
+        data_dir=None,
+        eval=True,
+        image_size=224,
+        seed=0,
+        label_offset=1,
+        num_classes=0,
+        train_examples=0,
+        eval_examples=0,
+    ):
+        self.image_size, self.seed, self.label_offset = image_size, seed, label_offset
+        train_files = records.list_files(data_dir, records.TRAIN_PATTERN)
+        eval_files = records.list_files(data_dir, records.EVAL_PATTERN) if eval else ()
+        stored = records.read_info(data_dir)
+        if not stored and not (train_examples and num_classes and (eval_examples or not eval)):
+            stored = records.infer_info(data_dir, train_files, eval_files, label_offset)
+        self.info = DatasetInfo(
+            "imagenet",
+            train_examples or records.stored_count(stored, "train", data_dir),
+            (eval_examples or records.stored_count(stored, "validation", data_dir)) if eval else 0,
+            num_classes or records.stored_count(stored, "num_classes", data_dir),
+            train_files,
+            eval_files,
+        )
+        validate_files(train_files + eval_files, label_offset, self.info.num_classes)
+
+    def train(self, epoch, global_batch_size, input_context=None, skip_batches=0):
+        return imagenet_train(
+            self.info.train_files,
+            epoch,
+            _per_replica(global_batch_size, input_context),
+            self.image_size,
+            self.seed,
+            self.label_offset,
+            self.info.num_classes,
+            input_context,
+            skip_batches,
+        )
+
+    def eval_share(self, num_pipelines):
+        if num_pipelines == 1:
+            return self.info.num_eval
+        # At most ceil(F / P) files of at most ceil(N / F) records each (shards
+        # of near-equal size, as make_tfrecords and tensorflow/tpu write them).
+        files = len(self.info.eval_files)
+        return math.ceil(files / num_pipelines) * math.ceil(self.info.num_eval / files)
+
+    def eval_examples(self, batch, pipeline_id, pipelines, input_context):
+        files = records.shard_files(self.info.eval_files, input_context)
+        return imagenet_eval_examples(
+            files, self.image_size, self.label_offset, self.info.num_classes
+        )
+
+
+# --dataset names the source; adding a source is a class above and a line here.
+SOURCES = {"digits": Digits, "imagenet": ImageNetRecords, "synthetic": Synthetic}
+
+
+def load(config):
+    """The DataSource of `config.dataset`, built from the config's settings
+    that its constructor names."""
+    source = SOURCES[config.dataset]
+    names = inspect.signature(source).parameters
+    return source(**{name: getattr(config, name) for name in names})
+
+
+def _per_replica(global_batch_size, input_context):
+    if input_context is None:
+        return global_batch_size
+    return input_context.get_per_replica_batch_size(global_batch_size)

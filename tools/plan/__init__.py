@@ -1,0 +1,130 @@
+"""Time-to-train planner: step time, scaling efficiency and time to train of
+data-parallel training, from the model, the device, the cluster and the
+all-reduce algorithm.
+
+    keras-lars-plan                                    # ResNet-50 on 64 V100-class devices
+    keras-lars-plan --devices=1024 --global_batch_size=32768 --algorithm=torus2d
+    keras-lars-plan --model=alexnet --global_batch_size=1024 --layers
+    keras-lars-plan --records        # published ImageNet records: published vs predicted
+
+(also `python -m keras_lars.tools.plan`; `--help` documents every input).
+One step over p devices, b = B / p images each:
+
+    step = b t_image / u  +  max(0, allreduce(n) - backward)  +  input stall
+
+The modules, data flowing one way (cli -> step -> device, cost_models;
+records is data):
+
+    cost_models  the all-reduce alpha-beta models: ring, tree, halving_doubling,
+                 hierarchical, torus2d (formulas and sources in their docstrings)
+    device       the model's per-layer profile, its roofline, the device's speed
+    step         one step, the whole run, the per-layer data- vs model-parallel
+                 bytes, the records' predictions
+    records      published ImageNet / ResNet-50 times with their hardware (data)
+    cli          the flags, the text reports, `run` (the console script)
+
+docs/planning.md has the equations, the records table and what could not be
+verified. Importing this package has no side effects.
+"""
+
+from keras_lars.tools.plan.cli import GRADIENT_DTYPES
+from keras_lars.tools.plan.cli import MODELS
+from keras_lars.tools.plan.cli import PlanSettings
+from keras_lars.tools.plan.cli import duration
+from keras_lars.tools.plan.cli import grid_text
+from keras_lars.tools.plan.cli import layers_text
+from keras_lars.tools.plan.cli import main
+from keras_lars.tools.plan.cli import neighbourhood
+from keras_lars.tools.plan.cli import plan_text
+from keras_lars.tools.plan.cli import records_markdown
+from keras_lars.tools.plan.cli import records_text
+from keras_lars.tools.plan.cli import run
+from keras_lars.tools.plan.cost_models import ALGORITHMS
+from keras_lars.tools.plan.cost_models import GB
+from keras_lars.tools.plan.cost_models import US
+from keras_lars.tools.plan.cost_models import Cluster
+from keras_lars.tools.plan.cost_models import allreduce_time
+from keras_lars.tools.plan.cost_models import halving_doubling_allreduce
+from keras_lars.tools.plan.cost_models import hierarchical_allreduce
+from keras_lars.tools.plan.cost_models import ring_allreduce
+from keras_lars.tools.plan.cost_models import torus2d_allreduce
+from keras_lars.tools.plan.cost_models import torus_shape
+from keras_lars.tools.plan.cost_models import tree_allreduce
+from keras_lars.tools.plan.device import DTYPE_BYTES
+from keras_lars.tools.plan.device import TRAINING_FLOPS_FACTOR
+from keras_lars.tools.plan.device import Device
+from keras_lars.tools.plan.device import LayerProfile
+from keras_lars.tools.plan.device import ModelProfile
+from keras_lars.tools.plan.device import custom_profile
+from keras_lars.tools.plan.device import model_profile
+from keras_lars.tools.plan.device import profile_keras_model
+from keras_lars.tools.plan.records import CALIBRATED_UTILIZATION
+from keras_lars.tools.plan.records import CALIBRATION_RECORD
+from keras_lars.tools.plan.records import RECORDS
+from keras_lars.tools.plan.records import TOLERANCE
+from keras_lars.tools.plan.records import Record
+from keras_lars.tools.plan.records import record
+from keras_lars.tools.plan.step import BACKWARD_FRACTION
+from keras_lars.tools.plan.step import LayerChoice
+from keras_lars.tools.plan.step import Run
+from keras_lars.tools.plan.step import StepTime
+from keras_lars.tools.plan.step import exposed_communication
+from keras_lars.tools.plan.step import fit_utilization
+from keras_lars.tools.plan.step import layer_choices
+from keras_lars.tools.plan.step import plan_run
+from keras_lars.tools.plan.step import predict_record
+from keras_lars.tools.plan.step import recipe_epochs
+from keras_lars.tools.plan.step import records_rows
+from keras_lars.tools.plan.step import step_time
+
+__all__ = [
+    "ALGORITHMS",
+    "BACKWARD_FRACTION",
+    "CALIBRATED_UTILIZATION",
+    "CALIBRATION_RECORD",
+    "DTYPE_BYTES",
+    "GB",
+    "GRADIENT_DTYPES",
+    "MODELS",
+    "RECORDS",
+    "TOLERANCE",
+    "TRAINING_FLOPS_FACTOR",
+    "US",
+    "Cluster",
+    "Device",
+    "LayerChoice",
+    "LayerProfile",
+    "ModelProfile",
+    "PlanSettings",
+    "Record",
+    "Run",
+    "StepTime",
+    "allreduce_time",
+    "custom_profile",
+    "duration",
+    "exposed_communication",
+    "fit_utilization",
+    "grid_text",
+    "halving_doubling_allreduce",
+    "hierarchical_allreduce",
+    "layer_choices",
+    "layers_text",
+    "main",
+    "model_profile",
+    "neighbourhood",
+    "plan_run",
+    "plan_text",
+    "predict_record",
+    "profile_keras_model",
+    "recipe_epochs",
+    "record",
+    "records_markdown",
+    "records_rows",
+    "records_text",
+    "ring_allreduce",
+    "run",
+    "step_time",
+    "torus2d_allreduce",
+    "torus_shape",
+    "tree_allreduce",
+]

@@ -1,0 +1,190 @@
+"""One step of synchronous data parallelism, the whole run, and the
+predictions of the published records.
+
+Over p devices, b = B / p images each:
+
+    compute    = b * t_image / u             (device.Device.compute_seconds)
+    comm       = all-reduce time of n = (trainable parameters) * s_g bytes
+    backward   = 2/3 * compute
+    exposed    = max(0, comm - backward)  with overlap,  else comm
+    input      = max(0, b / R - compute - exposed)   (R: input images/s)
+    step       = compute + exposed + input
+    efficiency = compute / step;  steps = floor(epochs * floor(N / B) + 1/2)
+
+Per layer, data parallelism moves 2 P s_g bytes a step and model
+parallelism 2 B I s_a (`LayerChoice`).
+"""
+
+import dataclasses
+
+from keras_lars.recipes import IMAGENET_TRAIN_EXAMPLES
+from keras_lars.recipes import epochs_to_steps
+from keras_lars.recipes import resnet50_lars_recipe
+from keras_lars.tools.plan.cost_models import allreduce_time
+from keras_lars.tools.plan.device import DTYPE_BYTES
+from keras_lars.tools.plan.device import TRAINING_FLOPS_FACTOR
+from keras_lars.tools.plan.device import LayerProfile
+from keras_lars.tools.plan.device import model_profile
+from keras_lars.tools.plan.records import CALIBRATED_UTILIZATION
+from keras_lars.tools.plan.records import RECORDS
+
+# of the training compute: the backward pass is 2 of the 3 forward passes
+BACKWARD_FRACTION = (TRAINING_FLOPS_FACTOR - 1) / TRAINING_FLOPS_FACTOR
+
+
+def exposed_communication(communication, backward, overlap):
+    """The part of the all-reduce that the step waits for: with overlap the
+    gradients are reduced while the backward pass still runs (bucketed, as
+    Horovod / DDP do), so up to `backward` seconds are hidden:
+    max(0, communication - backward); without overlap all of it."""
+    return max(0.0, communication - backward) if overlap else communication
+
+
+@dataclasses.dataclass(frozen=True)
+class StepTime:
+    """Seconds of one step and its parts (see the module docstring)."""
+
+    compute: float
+    communication: float
+    exposed_communication: float
+    input: float
+
+    @property
+    def step(self):
+        return self.compute + self.exposed_communication + self.input
+
+    @property
+    def efficiency(self):
+        return self.compute / self.step
+
+
+def step_time(profile, global_batch, device, cluster, gradient_bytes=4, overlap=True):
+    """The StepTime of one data-parallel step of `global_batch` images."""
+    per_device = global_batch / cluster.devices
+    compute = device.compute_seconds(profile, per_device)
+    communication = allreduce_time(profile.parameters * gradient_bytes, cluster)
+    exposed = exposed_communication(communication, BACKWARD_FRACTION * compute, overlap)
+    stall = 0.0
+    if device.input_images_per_second:
+        stall = max(0.0, per_device / device.input_images_per_second - compute - exposed)
+    return StepTime(compute, communication, exposed, stall)
+
+
+def recipe_epochs(global_batch):
+    """The epochs keras_lars.resnet50_lars_recipe gives the batch."""
+    return float(resnet50_lars_recipe(global_batch).train_epochs)
+
+
+@dataclasses.dataclass(frozen=True)
+class Run:
+    step: StepTime
+    steps: int
+    epochs: float
+
+    @property
+    def seconds(self):
+        return self.steps * self.step.step
+
+
+def plan_run(
+    profile,
+    global_batch,
+    epochs,
+    device,
+    cluster,
+    gradient_bytes=4,
+    overlap=True,
+    examples=IMAGENET_TRAIN_EXAMPLES,
+):
+    """Step time, steps and time to train `epochs` (0: the recipe's) of
+    `examples` examples an epoch (drop remainder)."""
+    epochs = epochs or recipe_epochs(global_batch)
+    step = step_time(profile, global_batch, device, cluster, gradient_bytes, overlap)
+    return Run(step, epochs_to_steps(epochs, examples, global_batch), epochs)
+
+
+# --- data or model parallelism, layer by layer (Krizhevsky 2014) -------------------------
+@dataclasses.dataclass(frozen=True)
+class LayerChoice:
+    """Bytes one step moves for a layer under each scheme, global batch B:
+
+    data parallelism: the layer's gradient, reduce-scattered and
+        all-gathered, 2 P s_g (P parameters, s_g bytes each);
+    model parallelism (the layer split across devices, Krizhevsky 2014,
+        "One weird trick", arXiv:1404.5997): every device needs the whole
+        batch's input activations forward and sends their gradients back,
+        2 B I s_a (I input elements per image, s_a bytes each).
+
+    Model parallelism is cheaper below the break-even batch P s_g / (I s_a).
+    """
+
+    layer: LayerProfile
+    global_batch: int
+    gradient_bytes: int = 4
+    activation_bytes: int = 4
+
+    @property
+    def data_parallel_bytes(self):
+        return 2 * self.layer.parameters * self.gradient_bytes
+
+    @property
+    def model_parallel_bytes(self):
+        return 2 * self.global_batch * self.layer.input_elements * self.activation_bytes
+
+    @property
+    def cheaper(self):
+        return "model" if self.model_parallel_bytes < self.data_parallel_bytes else "data"
+
+    @property
+    def break_even_batch(self):
+        return (
+            self.layer.parameters
+            * self.gradient_bytes
+            / (self.layer.input_elements * self.activation_bytes)
+        )
+
+
+def layer_choices(profile, global_batch, gradient_bytes=4, activation_bytes=4):
+    """A LayerChoice for every layer with parameters and FLOPs (conv, dense)."""
+    return [
+        LayerChoice(layer, global_batch, gradient_bytes, activation_bytes)
+        for layer in profile.layers
+        if layer.parameters and layer.forward_flops and layer.input_elements
+    ]
+
+
+# --- the published records ------------------------------------------------------------------
+def predict_record(rec, utilization=CALIBRATED_UTILIZATION):
+    """The Run this planner predicts for a record's hardware (ResNet-50)."""
+    return plan_run(
+        model_profile("resnet50"),
+        rec.global_batch,
+        rec.epochs,
+        rec.device_model(utilization),
+        rec.cluster(),
+        DTYPE_BYTES[rec.gradient_dtype],
+        rec.overlap,
+    )
+
+
+def fit_utilization(rec):
+    """The utilization at which the prediction of `rec` equals its
+    published time (bisection; the predicted time falls as utilization
+    rises)."""
+    low, high = 1e-4, 1.0
+    for _ in range(60):
+        middle = (low + high) / 2
+        if predict_record(rec, middle).seconds > rec.published_seconds:
+            low = middle
+        else:
+            high = middle
+    return (low + high) / 2
+
+
+def records_rows(utilization=CALIBRATED_UTILIZATION):
+    """(record, predicted seconds, predicted / published - 1) for every record."""
+    rows = []
+    for rec in RECORDS:
+        predicted = predict_record(rec, utilization).seconds
+        rows.append((rec, predicted, predicted / rec.published_seconds - 1))
+    return rows

@@ -1,0 +1,92 @@
+"""The keras-lars-train entry point: flags in, one line and an exit status out.
+
+0    trained (or already done)
+1    `error: ...`: a bad flag, data, model dir or checkpoint, or divergence
+75   preempted (SIGTERM/SIGINT, or a lost peer): run the same command again
+"""
+
+import os
+import sys
+
+import keras
+from absl import app
+
+from keras_lars.tools import checkpoints
+from keras_lars.tools import input_pipeline
+from keras_lars.tools import settings
+from keras_lars.tools import storage
+from keras_lars.tools.settings import ConfigError
+from keras_lars.tools.train.config import BACKENDS
+from keras_lars.tools.train.config import Config
+from keras_lars.tools.train.loop import Diverged
+from keras_lars.tools.train.loop import train_and_evaluate
+from keras_lars.tools.train.preemption import EXIT_PREEMPTED
+from keras_lars.tools.train.preemption import Preempted
+from keras_lars.tools.train.preemption import describe_lost_peer
+from keras_lars.tools.train.resolve import config_from_flags
+from keras_lars.tools.train.runtime import runtime_class
+
+KNOWN_ERRORS = (
+    ConfigError,
+    Diverged,
+    input_pipeline.DataError,
+    storage.StorageError,
+    checkpoints.CheckpointError,
+)
+
+
+def use_backend(wanted, module):
+    """Makes sure Keras runs on `wanted` (None: the configured backend): the
+    program restarts itself (`python -m module` with the same arguments)
+    with KERAS_BACKEND=wanted if Keras was loaded with another one, and exits
+    with one error line on a backend the tools do not run on."""
+    loaded = keras.backend.backend()
+    if wanted and wanted != loaded:
+        sys.stdout.flush(), sys.stderr.flush()
+        command = [sys.executable, "-m", module, *sys.argv[1:]]
+        os.execve(sys.executable, command, dict(os.environ, KERAS_BACKEND=wanted))
+    if loaded not in BACKENDS:
+        sys.exit(
+            f"error: Keras's backend is {loaded!r} (KERAS_BACKEND or ~/.keras/keras.json); "
+            f"the tools run on {' or '.join(BACKENDS)}: set --backend or KERAS_BACKEND."
+        )
+
+
+def lost_peer(error, values):
+    """The one line for a lost worker or process of the run (flag values
+    `values`), naming the checkpoint a rerun resumes from; None otherwise."""
+    backend = keras.backend.backend()
+    who = "processes" if backend == "jax" else "workers"
+    return describe_lost_peer(error, values, runtime_class(backend).collective_failed, who)
+
+
+def main(argv):
+    if len(argv) > 1:
+        raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
+    values, given = settings.from_flags(Config)
+    use_backend(values["backend"], "keras_lars.tools.train")
+    try:
+        config = config_from_flags(values, given, log=lambda line: print(line, flush=True))
+        train_and_evaluate(config)
+    except Preempted as error:
+        print(f"preempted: {error}", file=sys.stderr, flush=True)
+        sys.exit(EXIT_PREEMPTED)
+    except Exception as error:
+        line = lost_peer(error, values)
+        if line:
+            sys.stdout.flush()
+            print(f"error: {line}", file=sys.stderr, flush=True)
+            if keras.backend.backend() == "jax":
+                # jax.distributed's shutdown at exit would wait for the lost
+                # process until its heartbeat timeout, then abort.
+                os._exit(EXIT_PREEMPTED)
+            sys.exit(EXIT_PREEMPTED)
+        if isinstance(error, KNOWN_ERRORS):
+            sys.exit(f"error: {error}")
+        raise
+
+
+def run(argv=None):
+    """Defines the flags and runs `main`."""
+    settings.define_flags(Config)
+    app.run(main, argv)

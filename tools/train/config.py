@@ -1,0 +1,350 @@
+"""What the run is: every setting of the training tool, declared once.
+
+`Config` is the settings table (name, type, default, help, check); the flags,
+config.json, the study's cell keys and docs/flags.md derive from it.
+`config_from_flags` (resolve.py) turns flag values into a Config.
+"""
+
+import dataclasses
+import math
+import os
+
+import keras
+
+import keras_lars
+from keras_lars import models
+from keras_lars.tools import input_pipeline
+from keras_lars.tools import settings
+from keras_lars.tools.settings import ConfigError
+from keras_lars.tools.settings import at_least
+from keras_lars.tools.settings import between
+from keras_lars.tools.settings import greater_than
+from keras_lars.tools.settings import in_interval
+from keras_lars.tools.settings import one_of
+from keras_lars.tools.settings import setting
+
+MODELS = models.BUILDERS
+OPTIMIZERS = ("lars", "lamb", "sgd", "nesterov")
+STRATEGIES = ("default", "mirrored", "multi_worker", "tpu")
+BACKENDS = ("tensorflow", "jax")
+DISTRIBUTIONS = ("none", "data_parallel", "model_parallel")
+PRECISIONS = {"float32": "float32", "bfloat16": "mixed_bfloat16", "float16": "mixed_float16"}
+RECIPES = ("none", "mlperf")
+SCALING_RULES = ("linear", "sqrt", "none")
+REFERENCE_BATCH = 256
+
+
+def scaled_learning_rate(base, global_batch_size, rule):
+    """The peak learning rate from a base rate per REFERENCE_BATCH (256) images:
+
+    linear:  base * B / 256          (keras_lars.linear_scaling, Goyal et al. 2017)
+    sqrt:    base * sqrt(B / 256)    (the square-root rule of the LAMB paper)
+    none:    base
+    """
+    if rule == "linear":
+        return keras_lars.linear_scaling(base, global_batch_size, REFERENCE_BATCH)
+    if rule == "sqrt":
+        return base * math.sqrt(global_batch_size / REFERENCE_BATCH)
+    if rule == "none":
+        return base
+    raise ValueError(f"`rule` must be one of {SCALING_RULES}; got {rule!r}.")
+
+
+def _needs(condition, requirement):
+    """A check of a setting against the rest of the config."""
+    return lambda value, config: None if condition(value, config) else requirement
+
+
+@dataclasses.dataclass(frozen=True)
+class Config:
+    """Every setting of a training run: one declaration each (name, type,
+    default, help, check). Flags, config.json, the study's cell keys and
+    docs/flags.md are derived from these fields. Checked on construction
+    (ConfigError naming the flag); image_size=0 and model_dir="" resolve to
+    the data set's defaults. `--recipe` is applied by `config_from_flags`."""
+
+    model: str = setting("resnet18", "Network (keras_lars.models).", choices=MODELS)
+    optimizer: str = setting(
+        "lars",
+        "lars: keras_lars.LARS; lamb: keras_lars.LAMB; sgd / nesterov: momentum "
+        "SGD with the same coupled weight decay (LARS with layer adaptation off).",
+        choices=OPTIMIZERS,
+    )
+    global_batch_size: int = setting(128, "Images per step over all replicas.", check=at_least(1))
+    base_learning_rate: float = setting(
+        10.0,
+        "Peak learning rate per 256 images, scaled to the batch by --lr_scaling. "
+        "With --recipe=mlperf and not given: the recipe's peak for the batch, unscaled.",
+        check=greater_than(0),
+    )
+    lr_scaling: str = setting(
+        "linear",
+        "Peak rate from the base rate for batch B: linear: base * B / 256; "
+        "sqrt: base * sqrt(B / 256); none: base.",
+        choices=SCALING_RULES,
+    )
+    recipe: str = setting(
+        "none",
+        "mlperf: peak rate, warmup, epochs, momentum, weight decay and label "
+        "smoothing of the MLPerf ResNet-50 LARS table for the global batch "
+        "(keras_lars.resnet50_lars_recipe); flags given explicitly still win.",
+        choices=RECIPES,
+        check=lambda value, c: (
+            None
+            if value == "none" or c.optimizer == "lars"
+            else (
+                f"a LARS recipe; --optimizer={c.optimizer} needs its own --base_learning_rate, "
+                "--warmup_epochs, ..."
+            )
+        ),
+    )
+    end_learning_rate: float = setting(
+        1e-4, "Rate at the end of the polynomial decay.", check=at_least(0)
+    )
+    warmup_epochs: float = setting(
+        2.0, "Linear warmup length in epochs (may be fractional).", check=at_least(0)
+    )
+    train_epochs: int = setting(
+        15,
+        "Training length in epochs.",
+        check=_needs(lambda value, c: value >= 1 or c.train_steps > 0, "must be >= 1"),
+    )
+    train_steps: int = setting(
+        0,
+        "If > 0, training length in steps (overrides --train_epochs).",
+        check=_needs(lambda value, c: value >= 0, "must be >= 0 (0: use --train_epochs)"),
+    )
+    momentum: float = setting(
+        0.9,
+        "Momentum (lars, sgd, nesterov) or LAMB's beta_1.",
+        check=_needs(
+            lambda value, c: 0 <= value < 1 and (value > 0 or c.optimizer != "nesterov"),
+            "must be in [0, 1) (and > 0 for nesterov)",
+        ),
+    )
+    weight_decay: float = setting(
+        1e-4, "Coupled L2 weight decay; biases and batch norm excluded.", check=at_least(0)
+    )
+    trust_coefficient: float = setting(0.001, "LARS trust coefficient eta.", check=greater_than(0))
+    label_smoothing: float = setting(
+        0.0, "Label smoothing of the cross-entropy (0.1 in MLPerf).", check=in_interval(0, 1)
+    )
+    precision: str = setting(
+        "float32",
+        "bfloat16 / float16: Keras mixed precision (float16 adds loss "
+        "scaling); variables and logits stay float32.",
+        choices=PRECISIONS,
+    )
+    strategy: str = setting(
+        "default",
+        "default: one device; mirrored: all local GPUs; multi_worker: the "
+        "cluster of TF_CONFIG; tpu: the TPU at --tpu (keras_lars.make_strategy).",
+        choices=STRATEGIES,
+        check=_needs(
+            lambda value, c: value == "default" or c.backend == "tensorflow",
+            "needs --backend=tensorflow (on JAX use --distribution)",
+        ),
+        resumable=True,
+    )
+    backend: str = setting(
+        None,
+        "Keras backend: tensorflow or jax (default: KERAS_BACKEND's, else "
+        "~/.keras/keras.json's); the program restarts itself on the one asked for.",
+        choices=BACKENDS,
+    )
+    distribution: str = setting(
+        "none",
+        "--backend=jax: none: one device; data_parallel: every device of every "
+        "process; model_parallel: a (batch, model) device mesh, the convolutions' "
+        "output channels and the dense kernels' inputs sharded over --model_axis_size "
+        "devices (keras.distribution; tools/train/runtime_jax.py).",
+        choices=DISTRIBUTIONS,
+        check=_needs(
+            lambda value, c: value == "none" or c.backend == "jax",
+            "needs --backend=jax (on TensorFlow use --strategy)",
+        ),
+        resumable=True,
+    )
+    model_axis_size: int = setting(
+        2,
+        "--distribution=model_parallel: devices along the mesh's model axis (the "
+        "batch axis gets the rest).",
+        check=at_least(1),
+        resumable=True,
+    )
+    coordinator_address: str = setting(
+        None,
+        "--backend=jax with several processes: host:port of process 0 (jax.distributed); "
+        "default: $JAX_COORDINATOR_ADDRESS.",
+        resumable=True,
+    )
+    num_processes: int = setting(
+        1,
+        "--backend=jax: processes of the run (jax.distributed; each reads its share of "
+        "every batch); 0: detected by JAX on Cloud TPU, SLURM or Open MPI; default: "
+        "$JAX_NUM_PROCESSES, else 1.",
+        check=_needs(
+            lambda value, c: (
+                value == 1
+                or (c.backend == "jax" and (value == 0 or (value > 1 and c.coordinator_address)))
+            ),
+            "needs --backend=jax, and > 1 needs --coordinator_address (0: detected by JAX)",
+        ),
+        resumable=True,
+    )
+    process_id: int = setting(
+        0,
+        "--backend=jax: this process's index, 0 to --num_processes - 1; default: "
+        "$JAX_PROCESS_ID, else 0.",
+        check=_needs(
+            lambda value, c: c.num_processes < 1 or 0 <= value < c.num_processes,
+            "must be in [0, --num_processes)",
+        ),
+        resumable=True,
+    )
+    allreduce_dtype: str = setting(
+        "float32",
+        "Precision of the gradients' cross-replica sum (Jia et al. 2018): bfloat16 and "
+        "float16 halve the bytes on the wire; float16 scales each gradient by a power of "
+        "two first (keras_lars.LARS/LAMB `allreduce_dtype`).",
+        choices=tuple(dtype for dtype in keras_lars.layerwise.ALLREDUCE_DTYPES if dtype),
+        check=_needs(
+            lambda value, c: value == "float32" or c.backend == "tensorflow",
+            "needs --backend=tensorflow (on JAX, XLA chooses the collectives)",
+        ),
+    )
+    tpu: str = setting(
+        None, "TPU name, grpc://address or 'local' (default: $TPU_NAME).", resumable=True
+    )
+    dataset: str = setting(
+        "digits",
+        "digits: scikit-learn's handwritten digits (nothing downloaded); "
+        "imagenet: ImageNet-format TFRecords in --data_dir (train-*, validation-*); "
+        "synthetic: random images of ImageNet's sizes, for throughput.",
+        choices=input_pipeline.SOURCES,
+    )
+    data_dir: str = setting(None, "Directory (or bucket) of the TFRecord shards.", resumable=True)
+    label_offset: int = setting(
+        1,
+        "Subtracted from image/class/label: 1 for labels 1..N (tensorflow/tpu, "
+        "keras-lars-make-tfrecords), 0 for 0..N-1.",
+        check=one_of(0, 1),
+    )
+    image_size: int = setting(
+        0,
+        "Input side in pixels (8 to 4096); 0: the data set's (32 for digits, 224 otherwise).",
+        check=between(8, 4096),
+    )
+    num_classes: int = setting(
+        0, "Classes; 0: the data set's (dataset.json, 1000, 10).", check=at_least(0)
+    )
+    train_examples: int = setting(
+        0, "Training examples per epoch; 0: the data set's.", check=at_least(0)
+    )
+    eval_examples: int = setting(0, "Evaluation examples; 0: the data set's.", check=at_least(0))
+    sync_batch_norm: bool = setting(
+        False,
+        "Batch-norm statistics over all replicas.",
+        check=_needs(
+            lambda value, c: not (value and c.model == "alexnet"), "alexnet has no batch norm"
+        ),
+    )
+    model_dir: str = setting(
+        "",
+        "Checkpoints, TensorBoard logs (logs/), summary.json; rerunning resumes. "
+        "Empty: runs/<dataset>.",
+        resumable=True,
+    )
+    checkpoint_every_steps: int = setting(
+        0,
+        "If > 0, also checkpoint within epochs every that many steps (at the next "
+        "execution boundary); a resume continues from the step exactly.",
+        check=at_least(0),
+        resumable=True,
+    )
+    checkpoint_every_minutes: float = setting(
+        0.0,
+        "If > 0, also checkpoint within epochs once that many minutes have passed since "
+        "the last checkpoint.",
+        check=at_least(0),
+        resumable=True,
+    )
+    log_every_seconds: float = setting(
+        60.0,
+        "Off a terminal (batch jobs, log files), a progress line within each epoch at most "
+        "every that many seconds; 0: a line per epoch only.",
+        check=at_least(0),
+        resumable=True,
+    )
+    worker_start_timeout_minutes: float = setting(
+        10.0,
+        "--strategy=multi_worker: how long to wait for the other tasks of TF_CONFIG to start "
+        "(a 'waiting for' line every 30 s; SIGTERM/Ctrl-C stop the wait).",
+        check=greater_than(0),
+        resumable=True,
+    )
+    steps_per_execution: int = setting(
+        1, "Steps per compiled call (large on TPUs).", check=at_least(1), resumable=True
+    )
+    eval: bool = setting(True, "Evaluate after every epoch.", resumable=True)
+    run_eagerly: bool = setting(
+        False, "Debugging: run the train step eagerly (no tracing).", resumable=True
+    )
+    seed: int = setting(
+        0, "Seed of the weights, data order and augmentation.", check=between(0, 2**31 - 1)
+    )
+    stop_on_divergence: bool = setting(
+        True,
+        "Stop with an error at the first non-finite loss or variable "
+        "(keras_lars.DivergenceGuard); nothing non-finite is checkpointed.",
+        resumable=True,
+    )
+    divergence_rollbacks: int = setting(
+        0,
+        "With --stop_on_divergence: instead of stopping, roll back to the last good "
+        "checkpoint (or the start) with the learning rate times --divergence_rate_factor, "
+        "at most that many times in the run.",
+        check=_needs(
+            lambda value, c: value >= 0 and (value == 0 or c.stop_on_divergence),
+            "must be >= 0, and rollbacks need --stop_on_divergence",
+        ),
+        resumable=True,
+    )
+    divergence_rate_factor: float = setting(
+        0.5,
+        "What each rollback multiplies the whole learning-rate schedule by.",
+        check=_needs(lambda value, c: 0 < value < 1, "must be in (0, 1)"),
+        resumable=True,
+    )
+    trust_ratio_log_every: int = setting(
+        0,
+        "If > 0, log LARS/LAMB per-layer trust ratios to TensorBoard every that many "
+        "steps (keras_lars.TrustRatioMonitor).",
+        check=_needs(
+            lambda value, c: value >= 0 and (value == 0 or c.optimizer in ("lars", "lamb")),
+            "must be >= 0, and trust ratios exist for lars and lamb only",
+        ),
+        resumable=True,
+    )
+
+    def __post_init__(self):
+        if self.backend is None:
+            object.__setattr__(self, "backend", keras.backend.backend())
+        if self.image_size == 0 and self.dataset in input_pipeline.SOURCES:
+            default = input_pipeline.SOURCES[self.dataset].default_image_size
+            object.__setattr__(self, "image_size", default)
+        if not self.model_dir:
+            object.__setattr__(self, "model_dir", os.path.join("runs", str(self.dataset)))
+        settings.check(self)
+        for name in input_pipeline.SOURCES[self.dataset].required_settings:
+            if not getattr(self, name):
+                raise ConfigError(f"--{name} is required with --dataset={self.dataset}.")
+
+    @property
+    def peak_learning_rate(self):
+        return scaled_learning_rate(
+            self.base_learning_rate, self.global_batch_size, self.lr_scaling
+        )
+
+
+# On JAX, the processes' settings not given as flags come from these variables.

@@ -1,0 +1,57 @@
+"""The data as the runtime wants it: the training stream of a fit (epochs cut
+to their planned steps, a resumed epoch without its done steps), the
+evaluation set, and a read failure turned into a line naming the bad record."""
+
+import sys
+
+from keras_lars.tools import input_pipeline
+from keras_lars.tools import storage
+
+
+def train_stream(data, length, start_epoch, global_batch_size, skip=0, end_epoch=None):
+    """Returns fn(input_context) -> the batches of epochs start_epoch ..
+    end_epoch - 1 (default: to the end) in order, each epoch `data.train(epoch)`
+    cut to its steps, the first without its first `skip` steps."""
+
+    def make(input_context):
+        local_replicas = input_context.num_replicas_in_sync // input_context.num_input_pipelines
+        stream = None
+        for epoch in range(start_epoch, end_epoch or length.epochs):
+            done = skip if epoch == start_epoch else 0
+            batches = data.train(epoch, global_batch_size, input_context, done * local_replicas)
+            batches = batches.take((length.steps_in(epoch) - done) * local_replicas)
+            stream = batches if stream is None else stream.concatenate(batches)
+        return stream
+
+    return make
+
+
+def evaluation(data, global_batch_size, strategy):
+    """(the distributed evaluation set, a list that holds its steps once the
+    strategy has made it). Keras gets the steps exactly: left to find the end
+    of a dataset from a function, Keras 3.15 evaluated extra batches under
+    MirroredStrategy in our runs."""
+    steps = []
+
+    def make(context):
+        steps.append(data.eval_steps(global_batch_size, context.num_input_pipelines))
+        return data.eval(global_batch_size, context)
+
+    dataset = strategy.distribute_datasets_from_function(make)
+    return dataset, steps
+
+
+def explain_data_error(data, config, error):
+    """Raises a DataError naming the file and record when reading failed on one."""
+    files = data.info.train_files + data.info.eval_files
+    if not files:
+        return
+    print(
+        f"reading the data failed ({storage.first_line(error)}); "
+        f"looking for the bad record in {len(files)} files...",
+        file=sys.stderr,
+    )
+    bad = input_pipeline.find_bad_record(files, config.label_offset, data.info.num_classes)
+    if bad is not None:
+        path, index, message = bad
+        raise input_pipeline.DataError(f"{path}: record {index}: {message}") from None

@@ -1,0 +1,192 @@
+"""The run: config -> runtime -> data -> length -> model dir -> fit, rolling back
+on divergence; returns the summary.
+
+One Run object carries what the rooms share; state flows forward: each
+attempt restores the latest checkpoint, fits, and either ends the run or,
+after a non-finite loss, hands the next attempt a lower rate.
+"""
+
+import contextlib
+import dataclasses
+import sys
+import time
+
+import keras
+import tensorflow as tf
+
+import keras_lars
+from keras_lars.tools import checkpoints
+from keras_lars.tools import input_pipeline
+from keras_lars.tools import storage
+from keras_lars.tools.settings import ConfigError
+from keras_lars.tools.train import build
+from keras_lars.tools.train import callbacks
+from keras_lars.tools.train import feed
+from keras_lars.tools.train import model_dir
+from keras_lars.tools.train.checkpointing import Checkpointing
+from keras_lars.tools.train.config import PRECISIONS
+from keras_lars.tools.train.length import run_length
+from keras_lars.tools.train.preemption import Preemption
+from keras_lars.tools.train.runtime import runtime_class
+
+
+class Diverged(Exception):
+    """Training stopped at a non-finite loss or variable (DivergenceGuard)."""
+
+
+@dataclasses.dataclass
+class Run:
+    """What the rooms of a run share."""
+
+    config: object  # Config
+    runtime: object  # runtime.TensorFlowRuntime | runtime_jax.JaxRuntime
+    data: object  # input_pipeline's DataSource
+    length: object  # length.RunLength
+    record: dict  # config.json's content
+    preemption: Preemption
+
+
+def train_and_evaluate(config):
+    """Trains (or resumes) the run of `config`; returns its summary dict."""
+    started = time.time()
+    keras.utils.set_random_seed(config.seed)
+    keras.mixed_precision.set_global_policy(PRECISIONS[config.precision])
+    preemption = Preemption()
+    runtime = runtime_class(config.backend)(config)
+    runtime.start(preemption)
+    data = input_pipeline.load(config)
+    runtime.place(lambda: build.variable_shapes(config, data.info.num_classes))
+    replicas = runtime.strategy.num_replicas_in_sync
+    if config.global_batch_size % replicas:
+        raise ConfigError(
+            f"--global_batch_size={config.global_batch_size} is not divisible by "
+            f"the {replicas} replicas of {runtime.flag}."
+        )
+    length = run_length(config, data.info.num_train)
+    record = model_dir.prepare(config, data.info, runtime.strategy)
+    run = Run(config, runtime, data, length, record, preemption)
+    chief = keras_lars.distribute.is_chief(runtime.strategy)
+    with storage.exclusive(config.model_dir) if chief else contextlib.nullcontext():
+        history = _train_with_rollbacks(run)
+    return model_dir.write_summary(config, length, history, time.time() - started, runtime.strategy)
+
+
+def _train_with_rollbacks(run):
+    """Fits to the end; on divergence rolls back to the last good checkpoint
+    with the rate times --divergence_rate_factor (--divergence_rollbacks
+    times at most) or raises Diverged. Returns the history."""
+    config, rollback = run.config, None  # after a divergence: {"rate_factor", "rollbacks"}
+    while True:
+        model, schedule, state = _restore(run, rollback)
+        try:
+            _fit(run, model, schedule, state)
+            return state["history"]
+        except keras_lars.NonFiniteLossError as error:
+            last = model_dir.last_checkpoint(config.model_dir)
+            used = state.get("rollbacks", 0)
+            if used >= config.divergence_rollbacks:
+                described = f"{last[0]} ({last[1]})" if last else "none (no checkpoint yet)"
+                raise Diverged(f"{error}; last good checkpoint: {described}") from None
+            factor = state.get("rate_factor", 1.0) * config.divergence_rate_factor
+            rollback = {"rate_factor": factor, "rollbacks": used + 1}
+            print(
+                f"warning: {error}; rolling back to "
+                f"{f'{last[0]} ({last[1]})' if last else 'the start'} with "
+                f"the peak learning rate x{factor:g} (rollback {used + 1} of "
+                f"{config.divergence_rollbacks})",
+                file=sys.stderr,
+                flush=True,
+            )
+            keras.backend.clear_session()
+            keras.utils.set_random_seed(config.seed)
+
+
+def _restore(run, rollback):
+    """(model, schedule, state) from the latest checkpoint; `rollback`
+    overrides the restored rate factor and rollback count."""
+    config = run.config
+
+    def build_at(rate_factor):
+        schedule = build.learning_rate_schedule(config, run.length, rate_factor)
+        with run.runtime.strategy.scope():
+            model = build.compiled_model(config, run.data.info.num_classes, schedule)
+            state = checkpoints.restore(model, model_dir.checkpoint_dir(config.model_dir))
+        return model, schedule, state or {"epochs_done": 0, "steps_done": 0, "history": []}
+
+    factor = rollback["rate_factor"] if rollback else 1.0
+    model, schedule, state = build_at(factor)
+    if not rollback and state.get("rate_factor", 1.0) != factor:  # resumed after a rollback
+        keras.backend.clear_session()
+        keras.utils.set_random_seed(config.seed)
+        model, schedule, state = build_at(state["rate_factor"])
+    state.update(rollback or {})
+    start, skip = state["epochs_done"], state.get("steps_done", 0)
+    if start or skip:
+        inside = f", step {skip} of epoch {start + 1}" if skip else ""
+        print(f"resuming {config.model_dir} after epoch {start}{inside}", flush=True)
+    return model, schedule, state
+
+
+def _fit(run, model, schedule, state):
+    """Trains from the state's position to the end (a resumed epoch's rest
+    first), with the run's callbacks; a read failure names the bad record."""
+    config, length, strategy = run.config, run.length, run.runtime.strategy
+    start, skip = state["epochs_done"], state.get("steps_done", 0)
+    if start >= length.epochs:
+        return
+    validation, validation_steps = None, []
+    if config.eval:
+        validation, validation_steps = feed.evaluation(run.data, config.global_batch_size, strategy)
+    fit_callbacks = make_callbacks(run, schedule, state)
+
+    def fit(first_epoch, end_epoch, steps_per_epoch, skip=0):
+        train = strategy.distribute_datasets_from_function(
+            feed.train_stream(
+                run.data, length, first_epoch, config.global_batch_size, skip, end_epoch
+            )
+        )
+        model.fit(
+            train,
+            epochs=end_epoch,
+            initial_epoch=first_epoch,
+            steps_per_epoch=steps_per_epoch,
+            validation_data=validation,
+            validation_steps=validation_steps[0] if validation_steps else None,
+            shuffle=False,
+            callbacks=fit_callbacks,
+            verbose=0,
+        )
+
+    # One process of a cluster cannot stop alone: there the runtime's
+    # cluster preemption (Checkpointing) takes SIGTERM.
+    try:
+        with run.preemption.handling(enabled=run.runtime.single_process):
+            if skip:  # the rest of the epoch a checkpoint was taken inside
+                fit(start, start + 1, length.steps_in(start) - skip, skip)
+                start += 1
+            if start < length.epochs:
+                fit(start, length.epochs, length.steps_per_epoch)
+    except (tf.errors.InvalidArgumentError, tf.errors.DataLossError) as error:
+        feed.explain_data_error(run.data, config, error)
+        raise
+
+
+def make_callbacks(run, schedule, state):
+    """The fit's callbacks, in the order Keras calls them."""
+    config = run.config
+    counter = callbacks.StepCounter(run.length, (state["epochs_done"], state.get("steps_done", 0)))
+    throughput = callbacks.Throughput(counter, config.global_batch_size)
+    found = [
+        counter,
+        callbacks.ReseedDropout(counter, state.get("seed_generators", {})),
+        throughput,
+        callbacks.ProgressLine(counter, config.log_every_seconds),
+        callbacks.LearningRateLog(counter, schedule),
+        Checkpointing(run, state, counter, throughput),
+        callbacks.ProgressBar(run.length),
+    ]
+    if config.stop_on_divergence:  # first: it raises before any checkpoint of the epoch
+        found.insert(0, keras_lars.DivergenceGuard())
+    if keras_lars.distribute.is_chief(run.runtime.strategy):  # only the chief writes logs
+        found += callbacks.log_writers(config)
+    return found
