@@ -211,6 +211,12 @@ def make_strategy(
     return tf.distribute.MultiWorkerMirroredStrategy(communication_options=options)
 
 
+def _finite_max_abs(tf, g):
+    """max |g| over the finite entries of `g` (0 if none), in float32."""
+    g = tf.abs(tf.cast(g, "float32"))
+    return tf.reduce_max(tf.where(tf.math.is_finite(g), g, tf.zeros_like(g)))
+
+
 def all_reduce_in(dtype, all_reduce_sum, grads_and_vars):
     """`all_reduce_sum(grads_and_vars)`, the replicas' gradient sum, taken in
     `dtype` ("bfloat16" or "float16"; Jia et al. 2018): each replica casts
@@ -222,14 +228,16 @@ def all_reduce_in(dtype, all_reduce_sum, grads_and_vars):
         g_i = (sum_r s_i * g_r,i) / s_i
 
     No partial sum can overflow, small gradients keep their digits, and the
-    unscaling is exact. Call it in a replica context (`LayerwiseOptimizer`
-    does, for `allreduce_dtype`)."""
+    unscaling is exact. B_i counts finite entries only, so an inf or NaN
+    entry stays in its place, as in float32 (inf + 1 = inf, inf - inf = NaN),
+    and the others keep their values. Call it in a replica context
+    (`LayerwiseOptimizer` does, for `allreduce_dtype`)."""
     tf = _tf()
     pairs = [(g if g is None else tf.convert_to_tensor(g), v) for g, v in grads_and_vars]
     present = [g for g, _ in pairs if g is not None]
     scales = [None] * len(present)
     if dtype == "float16" and present:
-        bounds = tf.stack([tf.reduce_max(tf.abs(tf.cast(g, "float32"))) for g in present])
+        bounds = tf.stack([_finite_max_abs(tf, g) for g in present])
         context = tf.distribute.get_replica_context()
         bounds = context.all_reduce(tf.distribute.ReduceOp.SUM, bounds)
         exponents = tf.floor(tf.math.log(2.0**14 / bounds) / tf.math.log(2.0))

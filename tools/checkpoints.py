@@ -28,6 +28,7 @@ from keras_lars.distribute import save_on_chief
 from keras_lars.tools import storage
 
 _NAME = re.compile(r"^ckpt-(\d+)(?:-(\d+))?\.weights\.h5$")
+_STATE_NAME = re.compile(r"^ckpt-(\d+)(?:-(\d+))?\.json$")
 KEEP = 2
 SPACE_MARGIN = 1.25  # free space asked for, relative to the variables' bytes
 
@@ -52,6 +53,16 @@ def saved(directory):
         return []
     found = (_NAME.match(name) for name in tf.io.gfile.listdir(directory))
     return sorted((int(m.group(1)), int(m.group(2) or 0)) for m in found if m)
+
+
+def _positions(directory):
+    """Positions of `saved` and of state files whose weights file is gone
+    (deleted: `problem` says so), ascending."""
+    if not tf.io.gfile.isdir(directory):
+        return []
+    found = (_STATE_NAME.match(name) for name in tf.io.gfile.listdir(directory))
+    states = {(int(m.group(1)), int(m.group(2) or 0)) for m in found if m}
+    return sorted(states | set(saved(directory)))
 
 
 def epochs_saved(directory):
@@ -95,6 +106,8 @@ def problem(directory, epoch, step=0):
             return f"{state_path} is not the state of its position"
     except (ValueError, AttributeError, tf.errors.OpError) as error:
         return f"{state_path}: {storage.first_line(error)}"
+    if not tf.io.gfile.exists(weights_path):
+        return f"{weights_path} is missing"
     bad = []
     try:
         with tf.io.gfile.GFile(weights_path, "rb") as f, h5py.File(f, "r") as weights:
@@ -118,7 +131,7 @@ def restore(model, directory):
     checkpoint that fails `problem` is reported on stderr and the previous
     one is tried; CheckpointError if none is usable."""
     problems = []
-    for epoch, step in reversed(saved(directory)):
+    for epoch, step in reversed(_positions(directory)):
         found = problem(directory, epoch, step)
         if found:
             problems.append(found)

@@ -56,8 +56,11 @@ training config (every setting of train.Config that decides its numbers,
 not where and how it runs, logs and checkpoints): cells
 found in the store are not rerun, a cell whose config changed (another rate,
 epoch count, model, ...) gets a new key and runs, and a cell killed midway
-resumes from its last epoch checkpoint. Tables and plot are rewritten (under
-a temporary name, then renamed) after every cell.
+resumes from its last epoch checkpoint. SIGTERM, SIGHUP or Ctrl-C stop the
+study as they stop the training tool: the running cell checkpoints at its
+next step boundary and the study exits 75 with one line `preempted: cell
+[i/n] ...` naming it; the same command resumes that cell. Tables and plot
+are rewritten (under a temporary name, then renamed) after every cell.
 
 The parts, each using only those above it:
 

@@ -14,9 +14,9 @@ import keras
 
 from keras_lars.tools import input_pipeline
 from keras_lars.tools import train
-from keras_lars.tools.batch_study.cells import cell_config
 from keras_lars.tools.batch_study.cells import make_cells
 from keras_lars.tools.batch_study.precise_bn import precise_bn_evaluation
+from keras_lars.tools.batch_study.results import ROW_FIELDS
 from keras_lars.tools.batch_study.results import write_outputs
 from keras_lars.tools.batch_study.store import append_record
 from keras_lars.tools.batch_study.store import load_store
@@ -25,12 +25,21 @@ from keras_lars.tools.batch_study.store import load_store
 def run_cell(cell, data):
     """Trains one cell (or resumes it) with the training tool, then
     evaluates it with precise BN; its record. The tool's output goes to the
-    cell's train.log."""
+    cell's train.log. SIGTERM, SIGHUP or SIGINT (also one received by the
+    study's handler before) stops the training at a checkpoint, or skips the
+    evaluation (train.Preempted); the cell's checkpoints stay for the rerun."""
     os.makedirs(cell.config.model_dir, exist_ok=True)
     started = time.time()
-    with open(os.path.join(cell.config.model_dir, "train.log"), "a") as log:
-        with contextlib.redirect_stdout(log):
-            summary = train.train_and_evaluate(cell.config)
+    preemption = train.Preemption()
+    with preemption.handling(action="stopping the cell at its next step boundary"):
+        with open(os.path.join(cell.config.model_dir, "train.log"), "a") as log:
+            with contextlib.redirect_stdout(log):
+                summary = train.train_and_evaluate(cell.config)
+        if preemption.signal:
+            raise train.Preempted(
+                f"stopped by {preemption.signal} after its training, before its precise-BN "
+                "evaluation; run the same command to evaluate it"
+            )
     wall = time.time() - started
     keras.backend.clear_session()
     precise_accuracy, precise_loss = precise_bn_evaluation(cell.config, data)
@@ -75,26 +84,45 @@ def run_cell(cell, data):
 
 def run_study(study):
     """Runs the cells of `study` that the store lacks; returns (rows of the
-    study's cells, keys of the cells trained by this call)."""
-    config = cell_config(study, study.optimizers[0], 1, 0)
-    data = input_pipeline.load(config)
+    study's cells, keys of the cells trained by this call). SIGTERM, SIGHUP
+    or SIGINT stops it as it stops the training tool (train.Preempted naming
+    the cell; a rerun resumes that cell from its checkpoint)."""
+    preemption = train.Preemption()
+    action = "stopping the study at its running cell's next step boundary"
+    with preemption.handling(action=action):
+        return _run_cells(study, preemption)
+
+
+def _stop_if_preempted(preemption, where):
+    if preemption.signal:
+        raise train.Preempted(
+            f"stopped by {preemption.signal} {where}; run the same command to go on"
+        )
+
+
+def _run_cells(study, preemption):
+    data = input_pipeline.load(study.shared)
     num_train = data.info.num_train
     cells = make_cells(study, num_train)
     os.makedirs(study.study_dir, exist_ok=True)
     store_path = os.path.join(study.study_dir, "cells.jsonl")
-    records = load_store(store_path)
+    records = load_store(store_path, ROW_FIELDS)
     trained = []
     for i, cell in enumerate(cells, 1):
         where = f"[{i}/{len(cells)}] {cell.optimizer} batch={cell.batch_size} seed={cell.seed}"
         if cell.key in records:
             print(f"{where}: done before ({cell.name})", flush=True)
             continue
+        _stop_if_preempted(preemption, f"before cell {where} ({cell.name})")
         print(
             f"{where}: peak rate {cell.config.peak_learning_rate:.4g}, "
             f"{cell.length.total_steps} steps ...",
             flush=True,
         )
-        record = run_cell(cell, data)
+        try:
+            record = run_cell(cell, data)
+        except train.Preempted as error:
+            raise train.Preempted(f"cell {where} ({cell.name}) {error}") from None
         append_record(store_path, record)
         records[cell.key] = record
         trained.append(cell.key)
@@ -107,6 +135,7 @@ def run_study(study):
             flush=True,
         )
         write_outputs(study, cells, records, num_train)
+        _stop_if_preempted(preemption, f"after cell {where} ({cell.name}), which is stored")
     write_outputs(study, cells, records, num_train)
     print(
         f"study: {len(trained)} cell(s) trained, {len(cells) - len(trained)} found done; "

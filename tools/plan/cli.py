@@ -35,6 +35,13 @@ GRADIENT_DTYPES = tuple(dtype for dtype in ALLREDUCE_DTYPES if dtype)  # keras_l
 
 
 # --- settings ----------------------------------------------------------------------------
+def _all(*checks):
+    """The first problem of `checks` (each fn(value, config)), or None."""
+    return lambda value, config: next(
+        (problem for problem in (check(value, config) for check in checks) if problem), None
+    )
+
+
 def _required_for_custom(value, config):
     if config.model == "custom" and not value:
         return "is required (> 0) with --model=custom"
@@ -84,16 +91,20 @@ class PlanSettings:
     )
     image_size: int = setting(224, "Training image side.", check=at_least(7))
     parameters: int = setting(
-        0, "Trainable parameters of a custom model.", check=_required_for_custom
+        0,
+        "Trainable parameters of a custom model.",
+        check=_all(at_least(0), _required_for_custom),
     )
     forward_gflops: float = setting(
         0.0,
         "Forward GFLOPs per image of a custom model (multiply-add = 2).",
-        check=_required_for_custom,
+        check=_all(at_least(0.0), _required_for_custom),
     )
     devices: int = setting(64, "Devices (data-parallel replicas).", check=at_least(1))
     devices_per_node: int = setting(
-        8, "Devices per node (they share the node's network link).", check=_divides_devices
+        8,
+        "Devices per node (they share the node's network link).",
+        check=_all(at_least(1), _divides_devices),
     )
     images_per_second: float = setting(
         0.0,

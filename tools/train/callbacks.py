@@ -101,11 +101,15 @@ class Throughput(keras.callbacks.Callback):
     """Training images/s of an epoch: B * (steps between its first and last
     batch) / (their time), leaving out tracing and the pipeline's start. With
     one execution per epoch, the epoch's steps over its time, from the
-    second epoch of this process on (the first traces)."""
+    second epoch of this process on (the first traces). Each rate measured
+    is also appended to `measured` (a list: this process's rates, which the
+    summary reports; the history restored from a checkpoint holds those of
+    earlier processes)."""
 
-    def __init__(self, counter, global_batch_size):
+    def __init__(self, counter, global_batch_size, measured=None):
         super().__init__()
         self.counter, self.global_batch_size = counter, global_batch_size
+        self.measured = [] if measured is None else measured
         self._traced = False  # an epoch ran in this process (its functions are traced)
 
     def on_epoch_begin(self, epoch, logs=None):
@@ -125,6 +129,8 @@ class Throughput(keras.callbacks.Callback):
         elif self._traced and t1 > self.started:
             rate = round(last * self.global_batch_size / (t1 - self.started), 2)
         self._traced = True
+        if rate is not None:
+            self.measured.append(rate)
         return rate
 
 

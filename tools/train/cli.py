@@ -2,7 +2,7 @@
 
 0    trained (or already done)
 1    `error: ...`: a bad flag, data, model dir or checkpoint, or divergence
-75   preempted (SIGTERM/SIGINT, or a lost peer): run the same command again
+75   preempted (SIGTERM/SIGHUP/SIGINT, or a lost peer): run the same command again
 """
 
 import os

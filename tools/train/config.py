@@ -55,6 +55,18 @@ def _needs(condition, requirement):
     return lambda value, config: None if condition(value, config) else requirement
 
 
+def _end_rate(value, config):
+    """The end rate: >= 0 and at most the peak the schedule decays from."""
+    problem = at_least(0)(value, config)
+    if problem is None and value > config.peak_learning_rate:
+        problem = (
+            f"must be <= the peak rate {config.peak_learning_rate:g} (--base_learning_rate="
+            f"{config.base_learning_rate:g} scaled by --lr_scaling={config.lr_scaling} for "
+            f"--global_batch_size={config.global_batch_size})"
+        )
+    return problem
+
+
 @dataclasses.dataclass(frozen=True)
 class Config:
     """Every setting of a training run: one declaration each (name, type,
@@ -99,7 +111,7 @@ class Config:
         ),
     )
     end_learning_rate: float = setting(
-        1e-4, "Rate at the end of the polynomial decay.", check=at_least(0)
+        1e-4, "Rate at the end of the polynomial decay.", check=_end_rate
     )
     warmup_epochs: float = setting(
         2.0, "Linear warmup length in epochs (may be fractional).", check=at_least(0)

@@ -26,6 +26,7 @@ from keras_lars.tools.train import model_dir
 from keras_lars.tools.train.checkpointing import Checkpointing
 from keras_lars.tools.train.config import PRECISIONS
 from keras_lars.tools.train.length import run_length
+from keras_lars.tools.train.preemption import Preempted
 from keras_lars.tools.train.preemption import Preemption
 from keras_lars.tools.train.runtime import runtime_class
 
@@ -44,6 +45,7 @@ class Run:
     length: object  # length.RunLength
     record: dict  # config.json's content
     preemption: Preemption
+    rates: list = dataclasses.field(default_factory=list)  # images/s this process measured
 
 
 def train_and_evaluate(config):
@@ -68,7 +70,9 @@ def train_and_evaluate(config):
     chief = keras_lars.distribute.is_chief(runtime.strategy)
     with storage.exclusive(config.model_dir) if chief else contextlib.nullcontext():
         history = _train_with_rollbacks(run)
-    return model_dir.write_summary(config, length, history, time.time() - started, runtime.strategy)
+    return model_dir.write_summary(
+        config, length, history, time.time() - started, runtime.strategy, run.rates
+    )
 
 
 def _train_with_rollbacks(run):
@@ -161,6 +165,13 @@ def _fit(run, model, schedule, state):
     # cluster preemption (Checkpointing) takes SIGTERM.
     try:
         with run.preemption.handling(enabled=run.runtime.single_process):
+            if run.preemption.signal:  # received before (by a caller's handler: the study's)
+                last = model_dir.last_checkpoint(config.model_dir)
+                resumed = f"resumed from {last[0]}" if last else "started"
+                raise Preempted(
+                    f"stopped by {run.preemption.signal} before training {resumed}; "
+                    "run the same command to resume"
+                )
             if skip:  # the rest of the epoch a checkpoint was taken inside
                 fit(start, start + 1, length.steps_in(start) - skip, skip)
                 start += 1
@@ -175,7 +186,7 @@ def make_callbacks(run, schedule, state):
     """The fit's callbacks, in the order Keras calls them."""
     config = run.config
     counter = callbacks.StepCounter(run.length, (state["epochs_done"], state.get("steps_done", 0)))
-    throughput = callbacks.Throughput(counter, config.global_batch_size)
+    throughput = callbacks.Throughput(counter, config.global_batch_size, run.rates)
     found = [
         counter,
         callbacks.ReseedDropout(counter, state.get("seed_generators", {})),

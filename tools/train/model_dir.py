@@ -59,7 +59,7 @@ def prepare(config, info, strategy=None):
     path = os.path.join(config.model_dir, CONFIG_FILE)
     if not tf.io.gfile.exists(path):
         return record
-    stored = storage.read_json(path)
+    stored = _stored_config(config, path)
     resumable = {f.name for f in settings.fields(config) if f.metadata["resumable"]}
     changed = [k for k, v in record.items() if k not in resumable and stored.get(k, v) != v]
     if changed:
@@ -76,6 +76,23 @@ def prepare(config, info, strategy=None):
     return record
 
 
+def _stored_config(config, path):
+    """The settings in `path` (config.json); ConfigError naming the file if
+    it is not a JSON object."""
+    try:
+        stored = storage.read_json(path)
+    except ValueError as error:  # json.JSONDecodeError, UnicodeDecodeError
+        problem = f"is not valid JSON ({storage.first_line(error)})"
+    else:
+        if isinstance(stored, dict):
+            return stored
+        problem = f"holds a JSON {type(stored).__name__}, not the run's settings"
+    raise ConfigError(
+        f"--model_dir={config.model_dir}: {path} {problem}; restore it, or remove it to "
+        "resume without checking the settings, or use another --model_dir."
+    )
+
+
 def write_config_once(config, record, strategy):
     """Writes config.json unless it is there; True if this call wrote it."""
     path = os.path.join(config.model_dir, CONFIG_FILE)
@@ -89,10 +106,12 @@ def remove_config(config):
     tf.io.gfile.remove(os.path.join(config.model_dir, CONFIG_FILE))
 
 
-def write_summary(config, length, history, wall_seconds, strategy=None):
-    """summary.json (on the chief) and the `final:` line; returns the summary."""
+def write_summary(config, length, history, wall_seconds, strategy=None, rates=()):
+    """summary.json (on the chief) and the `final:` line; returns the summary.
+    `rates`: the training images/s of the epochs this process measured
+    (callbacks.Throughput); their median is the run's throughput, None when
+    there is none (a resumed run's history holds earlier processes' rates)."""
     final = dict(history[-1]) if history else {}
-    rates = [h["images_per_second"] for h in history if "images_per_second" in h]
     summary = {
         "final": {k: v for k, v in final.items() if k not in ("seconds", "images_per_second")},
         "epochs": length.epochs,
@@ -111,11 +130,13 @@ def write_summary(config, length, history, wall_seconds, strategy=None):
         for k, v in summary["final"].items()
         if k not in ("epoch", "steps", "learning_rate")
     )
+    throughput = summary["train_images_per_second"]
     print(
         f"final: model={config.model} optimizer={config.optimizer} "
         f"epochs={length.epochs} steps={length.total_steps} {shown} "
-        f"images_per_second={summary['train_images_per_second']} "
-        f"model_dir={config.model_dir}",
+        f"images_per_second={'none' if throughput is None else throughput} "
+        f"model_dir={config.model_dir}"
+        + ("" if rates else " (no epoch of this process was timed)"),
         flush=True,
     )
     return summary

@@ -136,7 +136,25 @@ def start_processes(config):
             num_processes=config.num_processes,
             process_id=config.process_id,
         )
-    jax.distributed.initialize(**arguments)
+    try:
+        jax.distributed.initialize(**arguments)
+    except ValueError as error:
+        if config.num_processes != 0:
+            raise
+        missed = next((what for key, what in _UNDETECTED if key in str(error)), str(error))
+        raise ConfigError(
+            f"--num_processes=0: JAX detected no cluster here (no Cloud TPU, SLURM or Open MPI "
+            f"environment gave {missed}); give --num_processes, --coordinator_address and "
+            "--process_id, or --num_processes=1 for one process."
+        ) from None
+
+
+# jax.distributed.initialize's errors for what its cluster detection left unset.
+_UNDETECTED = (
+    ("coordinator_address", "the coordinator's address"),
+    ("Number of processes", "the number of processes"),
+    ("process id", "this process's id"),
+)
 
 
 def wait_for_processes(address, processes, process_id, timeout_seconds, log, stop=lambda: False):

@@ -1,0 +1,185 @@
+"""Bad input that used to end in a traceback or pass silently (issue 23,
+item 5): each must end in one line naming the culprit, with nothing lost."""
+
+import os
+
+import numpy as np
+import pytest
+
+from keras_lars.tools import input_pipeline
+from keras_lars.tools import train
+from keras_lars.tools.train import model_dir as train_model_dir
+from tests.test_distribute import _all_reduced
+
+DIGITS = input_pipeline.DatasetInfo("digits", 1438, 359, 10)
+
+
+@pytest.mark.parametrize("text", ["", "{ torn", "[1, 2]"])
+def test_an_unreadable_config_json_is_one_error_naming_the_file(tmp_path, text):
+    config = train.Config(model_dir=str(tmp_path))
+    path = tmp_path / "config.json"
+    path.write_text(text)
+    with pytest.raises(train.ConfigError) as raised:
+        train_model_dir.prepare(config, DIGITS)
+    line = str(raised.value)
+    assert "\n" not in line
+    assert str(path) in line and "--model_dir" in line, line
+    assert path.read_text() == text  # nothing lost
+
+
+@pytest.mark.parametrize(
+    "line",
+    ['{"row": {"x": 1}}', "[1, 2]", '"text"', '{"key": ["a"], "row": {}}', '{"key": "b"}'],
+)
+def test_a_wrong_shaped_line_of_the_study_store_is_one_error_naming_file_and_line(tmp_path, line):
+    from keras_lars.tools import batch_study
+    from keras_lars.tools import storage
+
+    path = tmp_path / "cells.jsonl"
+    batch_study.append_record(str(path), {"key": "a", "row": {"x": 1}})
+    with open(path, "a") as f:
+        f.write(line + "\n")
+    before = path.read_text()
+    with pytest.raises(storage.StorageError) as raised:
+        batch_study.load_store(str(path))
+    message = str(raised.value)
+    assert "\n" not in message
+    assert f"{path}, line 2" in message, message
+    assert path.read_text() == before  # nothing lost
+
+
+def test_a_stored_row_without_the_study_fields_names_file_and_line(tmp_path):
+    from keras_lars.tools import batch_study
+    from keras_lars.tools import storage
+    from keras_lars.tools.batch_study import results
+
+    path = tmp_path / "cells.jsonl"
+    batch_study.append_record(str(path), {"key": "a", "row": {"x": 1}})
+    with pytest.raises(storage.StorageError, match=f"{path}, line 1: .*optimizer"):
+        batch_study.load_store(str(path), results.ROW_FIELDS)
+
+
+@pytest.mark.parametrize(
+    "values, message",
+    [
+        (dict(devices_per_node=0), "--devices_per_node=0: must be >= 1."),
+        (dict(devices_per_node=-8), "--devices_per_node=-8: must be >= 1."),
+        (dict(parameters=-5), "--parameters=-5: must be >= 0."),
+        (dict(model="custom", parameters=-5, forward_gflops=4.0), "--parameters=-5: must be "),
+        (dict(forward_gflops=-1.0), "--forward_gflops=-1.0: must be >= 0"),
+    ],
+)
+def test_bad_planner_settings_name_the_flag(values, message):
+    from keras_lars.tools import plan
+    from keras_lars.tools.settings import ConfigError
+
+    with pytest.raises(ConfigError) as raised:
+        plan.PlanSettings(**values)
+    assert str(raised.value).startswith(message), raised.value
+
+
+def test_num_processes_0_outside_a_cluster_is_one_error_naming_what_jax_missed(
+    tmp_path, monkeypatch
+):
+    pytest.importorskip("jax")
+    from keras_lars.tools.train import runtime_jax
+
+    launchers = ("SLURM_", "OMPI_", "PMI_", "PMIX_", "TPU_", "KUBERNETES_", "JAX_", "MEGASCALE_")
+    for name in list(os.environ):
+        if name.startswith(launchers):
+            monkeypatch.delenv(name)
+    config = train.Config(backend="jax", num_processes=0, model_dir=str(tmp_path))
+    with pytest.raises(train.ConfigError) as raised:
+        runtime_jax.start_processes(config)
+    line = str(raised.value)
+    assert "\n" not in line
+    assert line.startswith("--num_processes=0: ") and "coordinator" in line, line
+
+
+def test_an_end_rate_above_the_peak_rate_is_refused_naming_both(tmp_path):
+    # The peak is the base rate scaled by --lr_scaling: 0.1 * 64 / 256 = 0.025.
+    settings = dict(base_learning_rate=0.1, global_batch_size=64, model_dir=str(tmp_path))
+    with pytest.raises(train.ConfigError) as raised:
+        train.Config(end_learning_rate=0.05, **settings)
+    line = str(raised.value)
+    assert line.startswith("--end_learning_rate=0.05: "), line
+    assert "0.025" in line and "--base_learning_rate=0.1" in line and "--lr_scaling" in line
+    assert train.Config(end_learning_rate=0.025, **settings).end_learning_rate == 0.025
+    assert train.Config(end_learning_rate=0.05, lr_scaling="none", **settings)
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_a_non_finite_gradient_entry_stays_in_its_place_as_in_float32(dtype):
+    inf, nan = np.inf, np.nan
+    parts = [
+        [np.array([1, inf, 2], "float32"), np.array([1, nan, -inf, 0.5, 7], "float32")],
+        [np.array([2, 1, 4], "float32"), np.array([2, 1, inf, 0.25, inf], "float32")],
+    ]
+    reduced = _all_reduced(parts, dtype)
+    np.testing.assert_array_equal(reduced[0], [3, inf, 6])
+    for result, part_0, part_1 in zip(reduced, *parts):
+        with np.errstate(invalid="ignore"):  # inf - inf
+            expected = part_0 + part_1  # numpy, float32: elementwise
+        np.testing.assert_array_equal(np.isnan(result), np.isnan(expected))
+        np.testing.assert_allclose(result, expected, rtol=2**-7)  # equal infinities
+
+
+def _tiny_model():
+    import keras
+
+    model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)])
+    model.compile(optimizer=keras.optimizers.SGD(0.1), loss="mse")
+    model.optimizer.build(model.trainable_variables)
+    return model
+
+
+def test_a_deleted_weights_file_of_the_only_checkpoint_is_refused_naming_it(tmp_path, capfd):
+    from keras_lars.tools import checkpoints
+
+    directory = str(tmp_path / "checkpoints")
+    state = {"epochs_done": 0, "steps_done": 4, "history": []}
+    checkpoints.save(_tiny_model(), directory, 0, state, step=4)
+    weights = tmp_path / "checkpoints" / "ckpt-0000-000004.weights.h5"
+    weights.unlink()
+    with pytest.raises(checkpoints.CheckpointError) as raised:
+        checkpoints.restore(_tiny_model(), directory)
+    line = str(raised.value)
+    assert "\n" not in line and str(weights) in line, line
+    assert (tmp_path / "checkpoints" / "ckpt-0000-000004.json").exists()  # nothing lost
+
+
+def test_a_deleted_weights_file_of_the_latest_checkpoint_falls_back_saying_so(tmp_path, capfd):
+    from keras_lars.tools import checkpoints
+
+    directory = str(tmp_path / "checkpoints")
+    model = _tiny_model()
+    checkpoints.save(model, directory, 1, {"epochs_done": 1, "steps_done": 0, "history": []})
+    state = {"epochs_done": 1, "steps_done": 4, "history": []}
+    checkpoints.save(model, directory, 1, state, step=4)
+    weights = tmp_path / "checkpoints" / "ckpt-0001-000004.weights.h5"
+    weights.unlink()
+    assert checkpoints.restore(_tiny_model(), directory)["epochs_done"] == 1
+    (line,) = [line for line in capfd.readouterr().err.splitlines() if line.strip()]
+    assert line.startswith("warning: checkpoint ") and str(weights) in line, line
+
+
+def test_a_resumed_run_reports_its_own_throughput_not_the_checkpoints(tmp_path, capsys):
+    from tests import train_data
+
+    model_dir = tmp_path / "run"
+    _, whole = train_data.short_run(model_dir, train_epochs=3)
+    measured = [h["images_per_second"] for h in whole["history"] if "images_per_second" in h]
+    assert measured and whole["train_images_per_second"] in measured
+    for path in (model_dir / "checkpoints").glob("ckpt-0003*"):
+        path.unlink()  # as if stopped after epoch 2
+    capsys.readouterr()
+    # The resumed process trains one epoch of one step: the first epoch of a
+    # process traces, so it measures nothing.
+    _, resumed = train_data.short_run(model_dir, train_epochs=3)
+    output = capsys.readouterr().out
+    assert "resuming" in output
+    assert resumed["history"][1]["images_per_second"] == whole["history"][1]["images_per_second"]
+    assert resumed["train_images_per_second"] is None
+    (final,) = [line for line in output.splitlines() if line.startswith("final:")]
+    assert " images_per_second=none " in final, final
+    assert "no epoch of this process was timed" in final, final
