@@ -81,6 +81,7 @@ def matrix(session, tensorflow, keras):
         f"tensorflow-cpu=={tensorflow}",
         f"keras=={keras}",
         *_jax_pins(keras),
+        "pip",  # uv makes environments without it; the wheel test builds with it
     )
     shown = session.run(
         "python",
