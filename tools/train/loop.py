@@ -87,15 +87,15 @@ def _train_with_rollbacks(run):
             return state["history"]
         except keras_lars.NonFiniteLossError as error:
             last = model_dir.last_checkpoint(config.model_dir)
+            last = last and f"{last[0]} ({last[1]})"  # path (epoch e[, step s of the next])
             used = state.get("rollbacks", 0)
             if used >= config.divergence_rollbacks:
-                described = f"{last[0]} ({last[1]})" if last else "none (no checkpoint yet)"
+                described = last or "none (no checkpoint yet)"
                 raise Diverged(f"{error}; last good checkpoint: {described}") from None
             factor = state.get("rate_factor", 1.0) * config.divergence_rate_factor
             rollback = {"rate_factor": factor, "rollbacks": used + 1}
             print(
-                f"warning: {error}; rolling back to "
-                f"{f'{last[0]} ({last[1]})' if last else 'the start'} with "
+                f"warning: {error}; rolling back to {last or 'the start'} with "
                 f"the peak learning rate x{factor:g} (rollback {used + 1} of "
                 f"{config.divergence_rollbacks})",
                 file=sys.stderr,
