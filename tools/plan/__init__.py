@@ -2,7 +2,7 @@
 data-parallel training, from the model, the device, the cluster and the
 all-reduce algorithm.
 
-    keras-lars-plan                                    # ResNet-50 on 64 V100-class devices
+    keras-lars-plan                                    # ResNet-50 on 64 V100s
     keras-lars-plan --devices=1024 --global_batch_size=32768 --algorithm=torus2d
     keras-lars-plan --model=alexnet --global_batch_size=1024 --layers
     keras-lars-plan --records        # published ImageNet records: published vs predicted
@@ -10,16 +10,21 @@ all-reduce algorithm.
 (also `python -m keras_lars.tools.plan`; `--help` documents every input).
 One step over p devices, b = B / p images each:
 
-    step = b t_image / u  +  max(0, allreduce(n) - backward)  +  input stall
+    step = (b + b_half) t_image / u + c_fixed + max(0, allreduce(n) - backward) + input stall
 
-The modules, data flowing one way (cli -> step -> device, cost_models;
-records is data):
+The modules, data flowing one way (cli -> pipeline -> step -> device,
+cost_models; records and calibration are data):
 
     cost_models  the all-reduce alpha-beta models: ring, tree, halving_doubling,
                  hierarchical, torus2d (formulas and sources in their docstrings)
-    device       the model's per-layer profile, its roofline, the device's speed
+    device       the model's per-layer profile, its roofline, the device's speed,
+                 the devices' published figures (DEVICES)
+    calibration  published and measured per-device throughputs; u, b_half and
+                 c_fixed fitted from them
+    memory       what a device holds at its batch, and whether it fits
     step         one step, the whole run, the per-layer data- vs model-parallel
-                 bytes, the records' predictions
+                 bytes, the records' predictions, ranges and leave-one-out
+    pipeline     GPipe estimates: stages, micro-batches, bubble, memory
     records      published ImageNet / ResNet-50 times with their hardware (data)
     cli          the flags, the text reports, `run` (the console script)
 
@@ -27,6 +32,13 @@ docs/planning.md has the equations, the records table and what could not be
 verified. Importing this package has no side effects.
 """
 
+from keras_lars.tools.plan.calibration import HERE
+from keras_lars.tools.plan.calibration import THROUGHPUTS
+from keras_lars.tools.plan.calibration import Calibration
+from keras_lars.tools.plan.calibration import Throughput
+from keras_lars.tools.plan.calibration import calibrate
+from keras_lars.tools.plan.calibration import fit_line
+from keras_lars.tools.plan.calibration import update_seconds
 from keras_lars.tools.plan.cli import GRADIENT_DTYPES
 from keras_lars.tools.plan.cli import MODELS
 from keras_lars.tools.plan.cli import PlanSettings
@@ -50,30 +62,48 @@ from keras_lars.tools.plan.cost_models import ring_allreduce
 from keras_lars.tools.plan.cost_models import torus2d_allreduce
 from keras_lars.tools.plan.cost_models import torus_shape
 from keras_lars.tools.plan.cost_models import tree_allreduce
+from keras_lars.tools.plan.device import DEVICES
 from keras_lars.tools.plan.device import DTYPE_BYTES
 from keras_lars.tools.plan.device import TRAINING_FLOPS_FACTOR
 from keras_lars.tools.plan.device import Device
+from keras_lars.tools.plan.device import DeviceSpec
 from keras_lars.tools.plan.device import LayerProfile
 from keras_lars.tools.plan.device import ModelProfile
 from keras_lars.tools.plan.device import custom_profile
 from keras_lars.tools.plan.device import model_profile
 from keras_lars.tools.plan.device import profile_keras_model
+from keras_lars.tools.plan.memory import RESERVE
+from keras_lars.tools.plan.memory import MemoryEstimate
+from keras_lars.tools.plan.memory import activation_elements
+from keras_lars.tools.plan.memory import largest_batch
+from keras_lars.tools.plan.memory import memory_estimate
+from keras_lars.tools.plan.pipeline import PipelinePlan
+from keras_lars.tools.plan.pipeline import bubble_fraction
+from keras_lars.tools.plan.pipeline import pipeline_candidates
+from keras_lars.tools.plan.pipeline import pipeline_plan
+from keras_lars.tools.plan.pipeline import split_stages
 from keras_lars.tools.plan.records import CALIBRATED_UTILIZATION
 from keras_lars.tools.plan.records import CALIBRATION_RECORD
+from keras_lars.tools.plan.records import INPUTS
 from keras_lars.tools.plan.records import RECORDS
 from keras_lars.tools.plan.records import TOLERANCE
 from keras_lars.tools.plan.records import Record
 from keras_lars.tools.plan.records import record
 from keras_lars.tools.plan.step import BACKWARD_FRACTION
 from keras_lars.tools.plan.step import LayerChoice
+from keras_lars.tools.plan.step import LeaveOneOut
+from keras_lars.tools.plan.step import RecordRange
 from keras_lars.tools.plan.step import Run
 from keras_lars.tools.plan.step import StepTime
+from keras_lars.tools.plan.step import choices
 from keras_lars.tools.plan.step import exposed_communication
 from keras_lars.tools.plan.step import fit_utilization
 from keras_lars.tools.plan.step import layer_choices
+from keras_lars.tools.plan.step import leave_one_out
 from keras_lars.tools.plan.step import plan_run
 from keras_lars.tools.plan.step import predict_record
 from keras_lars.tools.plan.step import recipe_epochs
+from keras_lars.tools.plan.step import record_range
 from keras_lars.tools.plan.step import records_rows
 from keras_lars.tools.plan.step import step_time
 
@@ -82,49 +112,74 @@ __all__ = [
     "BACKWARD_FRACTION",
     "CALIBRATED_UTILIZATION",
     "CALIBRATION_RECORD",
+    "DEVICES",
     "DTYPE_BYTES",
     "GB",
     "GRADIENT_DTYPES",
+    "HERE",
+    "INPUTS",
     "MODELS",
     "RECORDS",
+    "RESERVE",
+    "THROUGHPUTS",
     "TOLERANCE",
     "TRAINING_FLOPS_FACTOR",
     "US",
+    "Calibration",
     "Cluster",
     "Device",
+    "DeviceSpec",
     "LayerChoice",
     "LayerProfile",
+    "LeaveOneOut",
+    "MemoryEstimate",
     "ModelProfile",
+    "PipelinePlan",
     "PlanSettings",
     "Record",
+    "RecordRange",
     "Run",
     "StepTime",
+    "Throughput",
+    "activation_elements",
     "allreduce_time",
+    "bubble_fraction",
+    "calibrate",
+    "choices",
     "custom_profile",
     "duration",
     "exposed_communication",
+    "fit_line",
     "fit_utilization",
     "grid_text",
     "halving_doubling_allreduce",
     "hierarchical_allreduce",
+    "largest_batch",
     "layer_choices",
     "layers_text",
+    "leave_one_out",
     "main",
+    "memory_estimate",
     "model_profile",
     "neighbourhood",
+    "pipeline_candidates",
+    "pipeline_plan",
     "plan_run",
     "plan_text",
     "predict_record",
     "profile_keras_model",
     "recipe_epochs",
     "record",
+    "record_range",
     "records_markdown",
     "records_rows",
     "records_text",
     "ring_allreduce",
     "run",
+    "split_stages",
     "step_time",
     "torus2d_allreduce",
     "torus_shape",
     "tree_allreduce",
+    "update_seconds",
 ]

@@ -9,20 +9,24 @@ from keras_lars.layerwise import ALLREDUCE_DTYPES
 from keras_lars.models import BUILDERS
 from keras_lars.recipes import IMAGENET_TRAIN_EXAMPLES
 from keras_lars.tools import settings
+from keras_lars.tools.plan.calibration import calibrate
 from keras_lars.tools.plan.cost_models import ALGORITHMS
 from keras_lars.tools.plan.cost_models import GB
 from keras_lars.tools.plan.cost_models import US
 from keras_lars.tools.plan.cost_models import Cluster
+from keras_lars.tools.plan.device import DEVICES
 from keras_lars.tools.plan.device import DTYPE_BYTES
 from keras_lars.tools.plan.device import Device
 from keras_lars.tools.plan.device import custom_profile
 from keras_lars.tools.plan.device import model_profile
+from keras_lars.tools.plan.memory import largest_batch
+from keras_lars.tools.plan.memory import memory_estimate
+from keras_lars.tools.plan.pipeline import pipeline_candidates
 from keras_lars.tools.plan.records import CALIBRATED_UTILIZATION
 from keras_lars.tools.plan.records import CALIBRATION_RECORD
-from keras_lars.tools.plan.records import RECORDS
 from keras_lars.tools.plan.records import TOLERANCE
-from keras_lars.tools.plan.step import fit_utilization
 from keras_lars.tools.plan.step import layer_choices
+from keras_lars.tools.plan.step import leave_one_out
 from keras_lars.tools.plan.step import plan_run
 from keras_lars.tools.plan.step import records_rows
 from keras_lars.tools.settings import ConfigError
@@ -31,6 +35,8 @@ from keras_lars.tools.settings import greater_than
 from keras_lars.tools.settings import setting
 
 MODELS = (*BUILDERS, "custom")  # the reference models, or totals given by flags
+DEFAULT_DEVICE = "V100-SXM2-16GB"
+DEFAULT_PER_DEVICE_BATCH = 128  # or the largest power of two that fits, if smaller
 GRADIENT_DTYPES = tuple(dtype for dtype in ALLREDUCE_DTYPES if dtype)  # keras_lars's all-reduce
 
 
@@ -67,21 +73,19 @@ def _torus_x(value, config):
 
 
 def _batch(value, config):
-    if value < config.devices:
+    if value and value < config.devices:
         return f"must be >= --devices ({config.devices}): at least one image a device"
     return None
 
 
-def _device_speed(value, config):
-    if not value and not config.images_per_second:
-        return "must be > 0 unless --images_per_second is given"
-    return None
+def _from_device(value, config):
+    return None if value >= 0 else "must be >= 0 (0: --device's)"
 
 
 @dataclasses.dataclass(frozen=True)
 class PlanSettings:
-    """The inputs of keras-lars-plan (defaults: ResNet-50, 64 V100-class
-    devices in nodes of 8, mixed precision)."""
+    """The inputs of keras-lars-plan (defaults: ResNet-50, 64 V100s in nodes
+    of 8, mixed precision, 128 images a device, 90 epochs)."""
 
     model: str = setting(
         "resnet50",
@@ -106,25 +110,48 @@ class PlanSettings:
         "Devices per node (they share the node's network link).",
         check=_all(at_least(1), _divides_devices),
     )
+    device: str = setting(
+        DEFAULT_DEVICE,
+        "The device: its peaks, memory bandwidth and memory (tools/plan/device.py, each "
+        "with its source).",
+        choices=tuple(DEVICES),
+    )
     images_per_second: float = setting(
         0.0,
         "Measured training images/s of one device; 0: --peak_tflops x --utilization.",
         check=at_least(0.0),
     )
     peak_tflops: float = setting(
-        125.0,
-        "Peak TFLOP/s of one device at the arithmetic the run uses.",
-        check=_device_speed,
+        0.0,
+        "Peak TFLOP/s of one device at the arithmetic the run uses; 0: --device's at "
+        "--activation_dtype.",
+        check=_from_device,
     )
     memory_bandwidth: float = setting(
-        900.0,
-        "Device memory GB/s for the per-layer roofline; 0: FLOPs only.",
-        check=at_least(0.0),
+        0.0,
+        "Device memory GB/s for the per-layer roofline; 0: --device's.",
+        check=_from_device,
+    )
+    device_memory_gb: float = setting(
+        0.0, "Memory of one device in GB; 0: --device's.", check=_from_device
     )
     utilization: float = setting(
-        CALIBRATED_UTILIZATION,
-        f"Fraction of the roofline a device achieves (default: fitted on {CALIBRATION_RECORD}).",
-        check=lambda value, config: None if 0 < value <= 1 else "must be in (0, 1]",
+        0.0,
+        "Fraction of the roofline a device achieves; 0: fitted on --device's published "
+        f"throughputs (tools/plan/calibration.py), else {CALIBRATED_UTILIZATION} (fitted "
+        f"on {CALIBRATION_RECORD}).",
+        check=lambda value, config: None if 0 <= value <= 2 else "must be in [0, 2] (0: fitted)",
+    )
+    fixed_step_ms: float = setting(
+        -1.0,
+        "Milliseconds every step pays whatever its batch; -1: the calibration's (the "
+        "optimizer update's memory time).",
+        check=at_least(-1.0),
+    )
+    half_batch: float = setting(
+        -1.0,
+        "Images a device at which it runs at half its speed; -1: the calibration's.",
+        check=at_least(-1.0),
     )
     activation_dtype: str = setting(
         "float16", "Bytes of activations in device memory.", choices=tuple(DTYPE_BYTES)
@@ -158,16 +185,24 @@ class PlanSettings:
         "float32", "Bytes per gradient element in the all-reduce.", choices=GRADIENT_DTYPES
     )
     overlap: bool = setting(True, "All-reduce overlaps the backward pass.")
-    global_batch_size: int = setting(8192, "Images per step over all devices.", check=_batch)
+    global_batch_size: int = setting(
+        0,
+        f"Images per step over all devices; 0: {DEFAULT_PER_DEVICE_BATCH} a device (fewer if "
+        "they do not fit its memory).",
+        check=_batch,
+    )
     epochs: float = setting(
-        0.0,
-        "Epochs to train; 0: keras_lars.resnet50_lars_recipe's for the batch.",
+        90.0,
+        "Epochs to train (90: the budget of the published records); 0: "
+        "keras_lars.resnet50_lars_recipe's for the batch (56, 64 or 92).",
         check=at_least(0.0),
     )
     examples: int = setting(
         IMAGENET_TRAIN_EXAMPLES, "Training examples in one epoch.", check=at_least(1)
     )
-    layers: bool = setting(False, "Print the per-layer data- vs model-parallel report.")
+    layers: bool = setting(
+        False, "Print the per-layer data- vs model-parallel report and the pipeline estimate."
+    )
     records: bool = setting(False, "Print the published records against the predictions.")
 
     def __post_init__(self):
@@ -177,20 +212,95 @@ class PlanSettings:
                 f"--global_batch_size={self.global_batch_size}: must be <= --examples "
                 f"({self.examples})."
             )
+        if self.global_batch_size:
+            memory = self.memory()
+            if memory.verdict == "does not fit":
+                raise ConfigError(
+                    f"--global_batch_size={self.global_batch_size}: "
+                    f"{self.batch / self.devices:g} images a device need "
+                    f"{memory.total / 1e9:.1f} GB, more than the {memory.capacity / 1e9:.1f} GB "
+                    "of --device_memory_gb / --device: raise --devices or lower the batch."
+                )
+        elif not self.default_per_device_batch():
+            raise ConfigError(
+                f"--device={self.device}: not one image of --model={self.model} fits its "
+                f"{self.capacity() / 1e9:.1f} GB (--device_memory_gb)."
+            )
+
+    # --- the device and its calibration
+    def spec(self):
+        return DEVICES[self.device]
+
+    def capacity(self):
+        return self.device_memory_gb * GB if self.device_memory_gb else self.spec().memory_bytes
+
+    def calibration(self):
+        """calibration.calibrate for --device at --activation_dtype (None:
+        no published throughput)."""
+        return calibrate(self.spec(), self.activation_dtype, model_profile("resnet50"))
+
+    def device_settings(self):
+        """(utilization, half batch, fixed seconds, where they come from)."""
+        calibrated = self.calibration()
+        if calibrated:
+            source = (
+                f"fitted on {len(calibrated.points)} published ResNet-50 throughput"
+                f"{'s' if len(calibrated.points) > 1 else ''} of a {self.device} in "
+                f"{self.activation_dtype}"
+            )
+            values = calibrated.utilization, calibrated.half_batch, calibrated.fixed_step_seconds
+        else:
+            source = (
+                f"no published throughput of a {self.device} in {self.activation_dtype}: "
+                f"{CALIBRATED_UTILIZATION}, fitted on {CALIBRATION_RECORD}'s FP32 P100s"
+            )
+            values = CALIBRATED_UTILIZATION, 0.0, 0.0
+        utilization = self.utilization or values[0]
+        half = values[1] if self.half_batch < 0 else self.half_batch
+        fixed = values[2] if self.fixed_step_ms < 0 else self.fixed_step_ms / 1e3
+        if self.utilization:
+            source = "given"
+        return utilization, half, fixed, source
 
     def profile(self):
         if self.model == "custom":
             return custom_profile(self.parameters, self.forward_gflops * 1e9)
         return model_profile(self.model, self.image_size)
 
-    def device(self):
+    def device_model(self):
+        utilization, half, fixed, _ = self.device_settings()
+        spec = self.spec()
+        peak = self.peak_tflops * 1e12 or spec.peak(self.activation_dtype)
         return Device(
-            peak_flops=self.peak_tflops * 1e12,
-            utilization=self.utilization,
-            memory_bandwidth=self.memory_bandwidth * GB,
+            peak_flops=peak,
+            utilization=utilization,
+            memory_bandwidth=self.memory_bandwidth * GB or spec.memory_bandwidth,
             activation_bytes=DTYPE_BYTES[self.activation_dtype],
             images_per_second=self.images_per_second,
             input_images_per_second=self.input_images_per_second,
+            half_batch=0.0 if self.images_per_second else half,
+            fixed_step_seconds=0.0 if self.images_per_second else fixed,
+        )
+
+    # --- the batch and memory
+    def default_per_device_batch(self):
+        """DEFAULT_PER_DEVICE_BATCH, or the largest power of two that fits."""
+        fits = largest_batch(self.profile(), DTYPE_BYTES[self.activation_dtype], self.capacity())
+        per_device = DEFAULT_PER_DEVICE_BATCH
+        while per_device > fits:
+            per_device //= 2
+        return per_device
+
+    @property
+    def batch(self):
+        """--global_batch_size, or its default."""
+        return self.global_batch_size or self.devices * self.default_per_device_batch()
+
+    def memory(self, global_batch=None, devices=None):
+        """memory.MemoryEstimate of one device."""
+        per_device = (global_batch or self.batch) / (devices or self.devices)
+        return memory_estimate(
+            self.profile(), per_device, DTYPE_BYTES[self.activation_dtype], self.capacity()
         )
 
     def cluster(self, devices=None):
@@ -209,9 +319,9 @@ class PlanSettings:
     def run(self, global_batch=None, devices=None):
         return plan_run(
             self.profile(),
-            global_batch or self.global_batch_size,
+            global_batch or self.batch,
             self.epochs,
-            self.device(),
+            self.device_model(),
             self.cluster(devices),
             DTYPE_BYTES[self.gradient_dtype],
             self.overlap,
@@ -235,35 +345,78 @@ def _ms(seconds):
     return f"{seconds * 1e3:9.1f} ms"
 
 
+def assumptions_text(options):
+    """The output's first lines: what the defaults assume, and the flag that
+    changes each."""
+    spec = options.spec()
+    utilization, half, fixed, source = options.device_settings()
+    peak = options.peak_tflops or spec.peak(options.activation_dtype) / 1e12
+    bandwidth = options.memory_bandwidth or spec.memory_bandwidth / GB
+    if options.images_per_second:
+        speed = f"{options.images_per_second:g} images/s measured (--images_per_second)"
+    else:
+        speed = (
+            f"utilization {utilization:.3g} of the roofline, {source} (--utilization); "
+            f"{fixed * 1e3:.2g} ms fixed a step (--fixed_step_ms), half speed at "
+            f"{half:.3g} images (--half_batch)"
+        )
+    epochs = f"{options.epochs:g}" if options.epochs else "keras_lars.resnet50_lars_recipe's"
+    per_device = options.batch / options.devices
+    batch_source = "--global_batch_size" if options.global_batch_size else "the default"
+    return "\n".join(
+        [
+            "assumes",
+            f"  device        {options.device}: {peak:g} TFLOP/s in {options.activation_dtype}, "
+            f"{bandwidth:g} GB/s, {options.capacity() / 1e9:.1f} GB (--device, "
+            "--activation_dtype)",
+            f"  speed         {speed}",
+            f"  epochs        {epochs} (--epochs)",
+            f"  all-reduce    {options.algorithm}, "
+            f"{'overlapping' if options.overlap else 'after'} the backward pass (--overlap)",
+            f"  batch         {options.batch:,} = {options.devices} x {per_device:g} "
+            f"({batch_source})",
+        ]
+    )
+
+
+def memory_text(memory):
+    """One line: the bytes a device holds and the verdict."""
+    parts = ", ".join(
+        f"{name} {getattr(memory, name) / 1e9:.1f}"
+        for name in ("weights", "gradients", "slots", "activations")
+    )
+    return (
+        f"memory    {memory.total / 1e9:.1f} GB of {memory.capacity / 1e9:.1f} GB a device: "
+        f"{memory.verdict} ({parts} GB)"
+    )
+
+
 def plan_text(options):
-    """The report of one plan: model, step split, efficiency, time to train."""
+    """The report of one plan: assumptions, model, memory, step split,
+    efficiency, time to train."""
     profile, run = options.profile(), options.run()
     step, cluster = run.step, options.cluster()
     gradient_bytes = profile.parameters * DTYPE_BYTES[options.gradient_dtype]
-    per_device = options.global_batch_size / options.devices
-    if options.images_per_second:
-        speed = f"{options.images_per_second:g} images/s measured"
-    else:
-        speed = (
-            f"{options.peak_tflops:g} TFLOP/s peak, {options.memory_bandwidth:g} GB/s, "
-            f"utilization {options.utilization:g}"
-        )
+    per_device = options.batch / options.devices
     lines = [
+        assumptions_text(options),
         f"model     {profile.name}: {profile.parameters:,} parameters "
         f"({gradient_bytes / 1e6:.1f} MB of {options.gradient_dtype} gradients), "
         f"{profile.forward_flops / 1e9:.2f} GFLOPs forward per image",
-        f"device    {speed}",
         f"cluster   {options.devices} devices = {cluster.nodes} "
         f"node{'s' if cluster.nodes > 1 else ''} x {cluster.devices_per_node}, "
         f"{options.algorithm} all-reduce, "
         f"overlap {'on' if options.overlap else 'off'}",
-        f"step      batch {options.global_batch_size:,} ({per_device:g} a device)",
+        memory_text(options.memory()),
+        f"step      batch {options.batch:,} ({per_device:g} a device)",
         f"  compute               {_ms(step.compute)}",
+        f"  fixed                 {_ms(step.fixed)}",
         f"  communication         {_ms(step.communication)}  "
         f"(exposed {step.exposed_communication * 1e3:.1f} ms)",
         f"  input stall           {_ms(step.input)}",
         f"  step                  {_ms(step.step)}",
-        f"scaling efficiency      {step.efficiency:9.1%}",
+        f"scaling efficiency      {step.efficiency:9.1%}  (one device at {per_device:g} "
+        "images: 100%)",
         f"steps                   {run.steps:9,}  ({run.epochs:g} epochs of "
         f"{options.examples:,} examples)",
         f"time to train           {duration(run.seconds):>9}",
@@ -279,10 +432,11 @@ def neighbourhood(value, factors=(0.25, 0.5, 1, 2, 4)):
 def grid_text(options):
     """Time to train for batch x devices around the given point (epochs:
     --epochs, else the recipe's for each batch; '-' where a device would
-    get less than one image or the devices do not fill whole nodes)."""
-    batches = neighbourhood(options.global_batch_size)
+    get less than one image or the devices do not fill whole nodes, 'mem'
+    where a device's images do not fit its memory)."""
+    batches = neighbourhood(options.batch)
     devices = neighbourhood(options.devices)
-    epochs = "" if options.epochs else ", the recipe's epochs for each batch"
+    epochs = f", {options.epochs:g} epochs" if options.epochs else ", the recipe's epochs"
     lines = [f"time to train, global batch (rows) x devices (columns){epochs}:"]
     lines.append(f"{'':>9}" + "".join(f"{d:>11,}" for d in devices))
     for batch in batches:
@@ -291,23 +445,26 @@ def grid_text(options):
             nodes_ok = count % min(options.devices_per_node, count) == 0
             if batch < count or batch > options.examples or not nodes_ok:
                 cells.append(f"{'-':>11}")
-                continue
-            cells.append(f"{duration(options.run(batch, count).seconds):>11}")
+            elif options.memory(batch, count).verdict == "does not fit":
+                cells.append(f"{'mem':>11}")
+            else:
+                cells.append(f"{duration(options.run(batch, count).seconds):>11}")
         lines.append(f"{batch:>9,}" + "".join(cells))
     return "\n".join(lines)
 
 
 def layers_text(options):
-    """The per-layer report: bytes a step under data vs model parallelism."""
+    """The per-layer report (bytes a step under data vs model parallelism)
+    and the pipeline estimate."""
     profile = options.profile()
     choices = layer_choices(
         profile,
-        options.global_batch_size,
+        options.batch,
         DTYPE_BYTES[options.gradient_dtype],
         DTYPE_BYTES[options.activation_dtype],
     )
     lines = [
-        f"per layer, batch {options.global_batch_size:,}: data parallel = gradient "
+        f"per layer, batch {options.batch:,}: data parallel = gradient "
         "all-reduce 2 P s_g; model parallel = activations in and their gradients back "
         "2 B I s_a (Krizhevsky 2014)",
         f"{'layer':<28}{'parameters':>12}{'data MB':>10}{'model MB':>11}"
@@ -318,58 +475,162 @@ def layers_text(options):
             f"{c.layer.name:<28}{c.layer.parameters:>12,}{c.data_parallel_bytes / 1e6:>10.1f}"
             f"{c.model_parallel_bytes / 1e6:>11.1f}{c.cheaper:>9}{c.break_even_batch:>18,.0f}"
         )
+    return "\n".join(lines) + "\n\n" + pipeline_text(options)
+
+
+def pipeline_text(options):
+    """GPipe estimates against the data-parallel step, and the verdict."""
+    data_parallel = options.run().step
+    fits = options.memory().verdict != "does not fit"
+    plans = pipeline_candidates(
+        options.profile(),
+        options.batch,
+        options.device_model(),
+        options.cluster(),
+        {
+            "gradient_bytes": DTYPE_BYTES[options.gradient_dtype],
+            "overlap": options.overlap,
+            "capacity": options.capacity(),
+        },
+    )
+    lines = [
+        "pipeline (GPipe, Huang et al. 2019): p stages x d replicas, m micro-batches, "
+        "bubble (p-1)/(m+p-1)",
+        f"{'stages':>7}{'replicas':>9}{'micro':>7}{'bubble':>8}{'step ms':>10}"
+        f"{'memory GB':>11}  verdict",
+        f"{'1':>7}{options.devices:>9}{'-':>7}{'-':>8}{data_parallel.step * 1e3:>10.1f}"
+        f"{options.memory().total / 1e9:>11.1f}  data parallel, "
+        f"{options.memory().verdict}",
+    ]
+    best = None
+    for plan in plans:
+        verdict = plan.memory.verdict
+        lines.append(
+            f"{plan.stages:>7}{plan.replicas:>9}{plan.micro_batches:>7}{plan.bubble:>8.1%}"
+            f"{plan.step * 1e3:>10.1f}{plan.memory.total / 1e9:>11.1f}  {verdict}"
+        )
+        if verdict != "does not fit" and (best is None or plan.step < best.step):
+            best = plan
+    if best and (not fits or best.step < data_parallel.step):
+        why = "data parallelism does not fit" if not fits else "faster"
+        lines.append(
+            f"a pipeline would beat data parallelism: {best.stages} stages x "
+            f"{best.micro_batches} micro-batches ({why}: {best.step * 1e3:.1f} ms a step)"
+        )
+    else:
+        lines.append(
+            "data parallelism is the better layout here: no pipeline that fits is faster "
+            f"than its {data_parallel.step * 1e3:.1f} ms a step"
+        )
     return "\n".join(lines)
+
+
+def _percent(fraction):
+    return f"{round(fraction, 2) + 0.0:+.0%}"  # + 0.0: no "-0%"
+
+
+def _range_text(row):
+    if round(row.low, 2) == round(row.high, 2):
+        return _percent(row.error)
+    return f"{_percent(row.low)} .. {_percent(row.high)}"
+
+
+def _inputs_text(rec):
+    """The record's varied inputs (several values: the range) and the other
+    inputs it assumes (one value, no source)."""
+    varied = sorted(name for name, values in rec.assumed.items() if len(set(values)) > 1)
+    fixed = sorted(set(rec.assumed) - rec.sourced_fields() - set(varied))
+    parts = [f"varied: {', '.join(varied)}" if varied else ""]
+    parts.append(f"assumed: {', '.join(fixed)}" if fixed else "")
+    return "; ".join(part for part in parts if part) or "all published"
+
+
+def _verdict(row):
+    if not row.record.scored:
+        return "not scored"
+    return "within" if row.within else "MISS"
+
+
+def leave_one_out_lines(results):
+    """The leave-one-out summary: u fitted on each record, the others' errors."""
+    us = sorted(result.utilization for result in results)
+    within = [result.within for result in results]
+    return [
+        f"leave-one-out: u fitted on each of the {len(results)} records in turn ranges "
+        f"{us[0]:.2f} .. {us[-1]:.2f} (median {us[len(us) // 2]:.2f}); predicting the other "
+        f"{len(results) - 1} at it, {min(within)} .. {max(within)} are within "
+        f"+-{TOLERANCE:.0%} (median {sorted(within)[len(within) // 2]})",
+    ]
 
 
 def records_text():
     """The records table; `fit u`: the utilization that would reproduce the
-    published time (the calibration's is the constant itself)."""
+    published time; `LOO`: how many of the other records are within the
+    tolerance at that utilization."""
+    rows, loo = records_rows(), leave_one_out()
     lines = [
-        f"ResNet-50 / ImageNet: published vs predicted from the papers' hardware "
+        f"ResNet-50 / ImageNet: published vs predicted from the records' hardware "
         f"(utilization {CALIBRATED_UTILIZATION} fitted on {CALIBRATION_RECORD}; "
-        f"tolerance +-{TOLERANCE:.0%})",
-        f"{'record':<16}{'hardware':<20}{'batch':>8}{'published':>11}{'predicted':>11}"
-        f"{'error':>7}{'fit u':>7}  note",
+        f"within: the whole range over the assumed inputs inside +-{TOLERANCE:.0%})",
+        f"{'record':<22}{'hardware':<22}{'batch':>8}{'epochs':>7}{'published':>11}"
+        f"{'predicted':>11}{'error (range)':>17}{'fit u':>7}{'LOO':>5}  verdict",
     ]
-    for rec, predicted, error in records_rows():
-        if rec.key == CALIBRATION_RECORD:
-            note = "calibration"
-        elif abs(error) <= TOLERANCE:
-            note = "ok"
-        else:
-            note = "MISS: " + rec.miss
+    for row, result in zip(rows, loo):
+        rec = row.record
         lines.append(
-            f"{rec.key:<16}{f'{rec.devices} {rec.device}':<20}{rec.global_batch:>8,}"
-            f"{duration(rec.published_seconds):>11}{duration(predicted):>11}"
-            f"{error:>+7.0%}{fit_utilization(rec):>7.3f}  {note}"
+            f"{rec.key:<22}{f'{rec.devices} {rec.device}':<22}{rec.global_batch:>8,}"
+            f"{rec.epochs:>7g}{duration(rec.published_seconds):>11}"
+            f"{duration(row.predicted):>11}{_range_text(row):>17}"
+            f"{result.utilization:>7.3f}{result.within:>5}  {_verdict(row)}"
         )
-    epochs = " or ".join(sorted({f"{rec.epochs:g}" for rec in RECORDS}))
-    lines.append(f"{epochs} epochs each; sources and unverified figures: docs/planning.md")
+    lines.append(score_line(rows))
+    lines += leave_one_out_lines(loo)
+    lines.append("sources, assumed inputs and the misses: docs/planning.md")
     return "\n".join(lines)
 
 
+def score_line(rows):
+    """How many scored records are within the tolerance over their range."""
+    scored = [row for row in rows if row.record.scored]
+    within = sum(row.within for row in scored)
+    return (
+        f"{within} of {len(scored)} scored records within +-{TOLERANCE:.0%} over their whole "
+        f"range ({len(rows) - len(scored)} not scored: the calibration and rows that "
+        "repeat it)"
+    )
+
+
 def records_markdown():
-    """The records table as Markdown (docs/planning.md holds it; a test
-    checks that the page is current)."""
+    """The records table as Markdown, with its score and leave-one-out
+    summary (docs/generate.py writes it into docs/planning.md)."""
+    rows, loo = records_rows(), leave_one_out()
     lines = [
-        "| record | paper | hardware | batch | published | predicted | error | fit u |",
-        "|---|---|---|---|---|---|---|---|",
+        "| record | source | hardware | batch | epochs | published | predicted | "
+        "error (range) | fit u | LOO | verdict |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
-    for rec, predicted, error in records_rows():
-        error_text = "calibration" if rec.key == CALIBRATION_RECORD else f"{error:+.0%}"
-        if rec.key != CALIBRATION_RECORD and abs(error) > TOLERANCE:
-            error_text = f"**{error:+.0%} (miss)**"
+    for row, result in zip(rows, loo):
+        rec = row.record
+        verdict = _verdict(row)
+        if verdict == "MISS":
+            verdict = "**miss**"
+        elif rec.note and not rec.scored:
+            verdict = f"not scored: {rec.note.split(':')[0]}"
         lines.append(
             f"| `{rec.key}` | {rec.paper} | {rec.devices} {rec.device} | "
-            f"{rec.global_batch:,} | {duration(rec.published_seconds)} | "
-            f"{duration(predicted)} | {error_text} | {fit_utilization(rec):.3f} |"
+            f"{rec.global_batch:,} | {rec.epochs:g} | {duration(rec.published_seconds)} | "
+            f"{duration(row.predicted)} | {_range_text(row)} ({_inputs_text(rec)}) | "
+            f"{result.utilization:.3f} | {result.within} | {verdict} |"
         )
+    lines += ["", score_line(rows) + ".", ""]
+    lines += [line + "." for line in leave_one_out_lines(loo)]
     return "\n".join(lines) + "\n"
 
 
 def main(argv):
     """The plan report and the batch x devices table (with --layers, the
-    per-layer report); with --records, the records table only."""
+    per-layer report and the pipeline estimate); with --records, the records
+    table only."""
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
     options = settings.options_from_flags(PlanSettings)

@@ -18,6 +18,17 @@ a roofline (Williams, Waterman & Patterson 2009, "Roofline", CACM 52(4)).
 Profiles are counted on the Keras definitions of keras_lars.models, built on
 the CPU: ResNet-50 has 25,557,032 trainable parameters and 4,089,184,256
 multiply-adds per 224x224 image (8.18 GFLOPs forward, 24.5 per trained image).
+
+A device's step (device.Device.step_seconds) adds what throughput
+measurements at several batch sizes show (calibration.py):
+
+    compute(b) = b * t_image / (u * e(b)),  e(b) = b / (b + b_half)
+    step(b)    = compute(b) + c_fixed        (before communication)
+
+e(b): how full the device is at b images (b_half: the batch at which it is
+half full); c_fixed: seconds every step pays whatever its batch (the
+optimizer's update, launches, the host). `DEVICES` declares each device
+once: peaks, memory bandwidth, memory size, each with its source.
 """
 
 import dataclasses
@@ -58,6 +69,7 @@ class ModelProfile:
     def forward_flops(self):
         return sum(layer.forward_flops for layer in self.layers)
 
+    @functools.cache  # noqa: B019 (profiles are few and live for the run)
     def image_seconds(self, peak_flops, memory_bandwidth=0.0, activation_bytes=4):
         """Roofline seconds of one trained image at 100% of the device:
         sum over layers of max(3 F / peak, 3 (inputs + outputs) s_a / M)."""
@@ -122,10 +134,120 @@ def custom_profile(parameters, forward_flops, name="custom"):
 
 
 @dataclasses.dataclass(frozen=True)
+class DeviceSpec:
+    """One accelerator as its vendor publishes it (SI units): peak FLOP/s by
+    the arithmetic of the matrix units (`peak_flops[dtype]`, the dtype of
+    the activations), memory bandwidth (bytes/s) and memory (bytes)."""
+
+    name: str
+    peak_flops: dict
+    memory_bandwidth: float
+    memory_bytes: float
+    source: str
+
+    def peak(self, dtype):
+        """Peak FLOP/s for `dtype` activations (float16 and bfloat16 run on
+        the same units where only one of them is listed)."""
+        if dtype in self.peak_flops:
+            return self.peak_flops[dtype]
+        half = {"float16": "bfloat16", "bfloat16": "float16"}.get(dtype)
+        if half in self.peak_flops:
+            return self.peak_flops[half]
+        return self.peak_flops["float32"]
+
+
+GIB = 2**30
+DEVICES = {
+    spec.name: spec
+    for spec in (
+        DeviceSpec(
+            "P100-SXM2",
+            {"float32": 10.6e12, "float16": 21.2e12},
+            732e9,
+            16e9,
+            "10.6 TFLOP/s FP32, 732 GB/s (Big Basin OCP slides; Dell EMC's P100 blog); "
+            "16 GB HBM2 and FP16 at twice FP32 (NVIDIA P100 datasheet)",
+        ),
+        DeviceSpec(
+            "P100-PCIe",
+            {"float32": 9.3e12, "float16": 18.7e12},
+            732e9,
+            16e9,
+            "9.3 TFLOP/s FP32 (NVIDIA P100 datasheet, PCIe form; PFN's MN-1 used it); "
+            "732 GB/s with 16 GB, 549 GB/s with 12 GB (same datasheet)",
+        ),
+        DeviceSpec(
+            "P40",
+            {"float32": 11.76e12},
+            346e9,
+            24e9,
+            "11.76 TFLOP/s FP32, FP16 at 1/64 rate (so float16 runs on the FP32 "
+            "units), 346 GB/s, 24 GB GDDR5 (NVIDIA P40 spec listings)",
+        ),
+        DeviceSpec(
+            "Xeon Phi 7250",
+            {"float32": 68 * 1.4e9 * 2 * 16 * 2},
+            450e9,
+            16e9,
+            "68 cores at 1.4 GHz, two 512-bit FMA units a core: 6.09 TFLOP/s FP32 "
+            "(Cornell Virtual Workshop, Stampede2); 16 GB MCDRAM above 450 GB/s (JLab)",
+        ),
+        DeviceSpec(
+            "V100-SXM2-16GB",
+            {"float32": 15.7e12, "float16": 125e12},
+            900e9,
+            16e9,
+            "125 TFLOP/s tensor (NVIDIA 'Programming Tensor Cores'), 15.7 FP32 and "
+            "900 GB/s (PSC Bridges-2 node description); 16 GB (ABCI's nodes in "
+            "Fujitsu's MLPerf v0.6 system file)",
+        ),
+        DeviceSpec(
+            "V100-SXM3-32GB",
+            {"float32": 15.7e12, "float16": 125e12},
+            900e9,
+            32e9,
+            "as V100-SXM2-16GB; 32 GB (NVIDIA's MLPerf v0.7 DGX-2H system file: "
+            "'V100-SXM3-32GB (450W)'; its higher clock is not counted)",
+        ),
+        DeviceSpec(
+            "A100-SXM4-40GB",
+            {"float32": 19.5e12, "float16": 312e12},
+            1555e9,
+            40e9,
+            "312 TFLOP/s FP16/BF16 tensor, 19.5 FP32, 1,555 GB/s, 40 GB "
+            "(NVIDIA A100 datasheet, via glennklockwood.com/garden/processors/A100)",
+        ),
+        DeviceSpec(
+            "A100-SXM4-80GB",
+            {"float32": 19.5e12, "float16": 312e12},
+            2039e9,
+            80e9,
+            "as A100-SXM4-40GB with 80 GB HBM2e at 2,039 GB/s (same sources)",
+        ),
+        DeviceSpec(
+            "TPU v3",
+            {"bfloat16": 123e12},
+            900e9,
+            32 * GIB,
+            "123 TFLOP/s bf16, 32 GiB HBM2 at 900 GB/s a chip (cloud.google.com/tpu/docs/v3)",
+        ),
+        DeviceSpec(
+            "TPU v4",
+            {"bfloat16": 275e12},
+            1200e9,
+            32 * GIB,
+            "275 TFLOP/s bf16, 32 GiB HBM2 at 1,200 GB/s a chip (cloud.google.com/tpu/docs/v4)",
+        ),
+    )
+}
+
+
+@dataclasses.dataclass(frozen=True)
 class Device:
     """A device's training speed: `images_per_second` (measured), or
     `peak_flops` x `utilization` with an optional `memory_bandwidth`
-    (bytes/s) for the roofline."""
+    (bytes/s) for the roofline; `half_batch` (b_half) and
+    `fixed_step_seconds` (c_fixed) as in the module docstring."""
 
     peak_flops: float = 0.0
     utilization: float = 1.0
@@ -133,12 +255,18 @@ class Device:
     activation_bytes: int = 4
     images_per_second: float = 0.0
     input_images_per_second: float = 0.0  # the input pipeline's rate; 0: unlimited
+    half_batch: float = 0.0
+    fixed_step_seconds: float = 0.0
+
+    def fill(self, images):
+        """e(b) = b / (b + b_half): the fraction of the device b images use."""
+        return images / (images + self.half_batch)
 
     def compute_seconds(self, profile, images):
-        """b / rate if measured, else b * t_image / u."""
+        """b / rate if measured, else b * t_image / (u * e(b))."""
         if self.images_per_second:
             return images / self.images_per_second
         seconds = profile.image_seconds(
             self.peak_flops, self.memory_bandwidth, self.activation_bytes
         )
-        return images * seconds / self.utilization
+        return images * seconds / (self.utilization * self.fill(images))

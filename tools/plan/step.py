@@ -3,19 +3,25 @@ predictions of the published records.
 
 Over p devices, b = B / p images each:
 
-    compute    = b * t_image / u             (device.Device.compute_seconds)
+    compute    = b * t_image / (u * e(b))    (device.Device.compute_seconds)
+    fixed      = c_fixed                     (device.Device.fixed_step_seconds)
     comm       = all-reduce time of n = (trainable parameters) * s_g bytes
     backward   = 2/3 * compute
     exposed    = max(0, comm - backward)  with overlap,  else comm
-    input      = max(0, b / R - compute - exposed)   (R: input images/s)
-    step       = compute + exposed + input
-    efficiency = compute / step;  steps = floor(epochs * floor(N / B) + 1/2)
+    input      = max(0, b / R - compute - fixed - exposed)   (R: input images/s)
+    step       = compute + fixed + exposed + input
+    scaling efficiency = (compute + fixed) / step   (one device at the same b: 1)
+    steps      = floor(epochs * floor(N / B) + 1/2)
 
 Per layer, data parallelism moves 2 P s_g bytes a step and model
-parallelism 2 B I s_a (`LayerChoice`).
+parallelism 2 B I s_a (`LayerChoice`). A record's prediction is a range
+over its assumed inputs (`record_range`); `leave_one_out` fits u on each
+record and predicts the others.
 """
 
 import dataclasses
+import itertools
+import statistics
 
 from keras_lars.recipes import IMAGENET_TRAIN_EXAMPLES
 from keras_lars.recipes import epochs_to_steps
@@ -27,6 +33,7 @@ from keras_lars.tools.plan.device import LayerProfile
 from keras_lars.tools.plan.device import model_profile
 from keras_lars.tools.plan.records import CALIBRATED_UTILIZATION
 from keras_lars.tools.plan.records import RECORDS
+from keras_lars.tools.plan.records import TOLERANCE
 
 # of the training compute: the backward pass is 2 of the 3 forward passes
 BACKWARD_FRACTION = (TRAINING_FLOPS_FACTOR - 1) / TRAINING_FLOPS_FACTOR
@@ -48,26 +55,31 @@ class StepTime:
     communication: float
     exposed_communication: float
     input: float
+    fixed: float = 0.0
 
     @property
     def step(self):
-        return self.compute + self.exposed_communication + self.input
+        return self.compute + self.fixed + self.exposed_communication + self.input
 
     @property
     def efficiency(self):
-        return self.compute / self.step
+        """Scaling efficiency: one device's step at the same per-device
+        batch over this step."""
+        return (self.compute + self.fixed) / self.step
 
 
 def step_time(profile, global_batch, device, cluster, gradient_bytes=4, overlap=True):
     """The StepTime of one data-parallel step of `global_batch` images."""
     per_device = global_batch / cluster.devices
     compute = device.compute_seconds(profile, per_device)
+    fixed = device.fixed_step_seconds
     communication = allreduce_time(profile.parameters * gradient_bytes, cluster)
     exposed = exposed_communication(communication, BACKWARD_FRACTION * compute, overlap)
     stall = 0.0
     if device.input_images_per_second:
-        stall = max(0.0, per_device / device.input_images_per_second - compute - exposed)
-    return StepTime(compute, communication, exposed, stall)
+        busy = compute + fixed + exposed
+        stall = max(0.0, per_device / device.input_images_per_second - busy)
+    return StepTime(compute, communication, exposed, stall, fixed)
 
 
 def recipe_epochs(global_batch):
@@ -154,8 +166,10 @@ def layer_choices(profile, global_batch, gradient_bytes=4, activation_bytes=4):
 
 
 # --- the published records ------------------------------------------------------------------
-def predict_record(rec, utilization=CALIBRATED_UTILIZATION):
-    """The Run this planner predicts for a record's hardware (ResNet-50)."""
+def predict_record(rec, utilization=CALIBRATED_UTILIZATION, **choice):
+    """The Run this planner predicts for a record's hardware (ResNet-50),
+    with `choice` replacing some of its inputs (one of its assumed values)."""
+    rec = dataclasses.replace(rec, **choice) if choice else rec
     return plan_run(
         model_profile("resnet50"),
         rec.global_batch,
@@ -171,7 +185,7 @@ def fit_utilization(rec):
     """The utilization at which the prediction of `rec` equals its
     published time (bisection; the predicted time falls as utilization
     rises)."""
-    low, high = 1e-4, 1.0
+    low, high = 1e-4, 2.0
     for _ in range(60):
         middle = (low + high) / 2
         if predict_record(rec, middle).seconds > rec.published_seconds:
@@ -181,10 +195,75 @@ def fit_utilization(rec):
     return (low + high) / 2
 
 
+def choices(rec):
+    """Every combination of the record's assumed values, as dicts."""
+    names = sorted(rec.assumed)
+    products = itertools.product(*(rec.assumed[name] for name in names))
+    return [dict(zip(names, values)) for values in products]
+
+
+@dataclasses.dataclass(frozen=True)
+class RecordRange:
+    """A record's prediction over its assumed inputs: the predicted seconds
+    and the error (predicted / published - 1) at the nominal inputs, and
+    the lowest and highest error over every combination."""
+
+    record: object
+    predicted: float
+    error: float
+    low: float
+    high: float
+
+    @property
+    def within(self):
+        """Inside +-TOLERANCE over the whole range."""
+        return -TOLERANCE <= self.low and self.high <= TOLERANCE
+
+
+def record_range(rec, utilization=CALIBRATED_UTILIZATION):
+    """The RecordRange of `rec` (published_seconds may be assumed too)."""
+    errors = []
+    for choice in choices(rec):
+        published = choice.get("published_seconds", rec.published_seconds)
+        errors.append(predict_record(rec, utilization, **choice).seconds / published - 1)
+    predicted = predict_record(rec, utilization).seconds
+    error = predicted / rec.published_seconds - 1
+    return RecordRange(rec, predicted, error, min(errors + [error]), max(errors + [error]))
+
+
 def records_rows(utilization=CALIBRATED_UTILIZATION):
-    """(record, predicted seconds, predicted / published - 1) for every record."""
-    rows = []
-    for rec in RECORDS:
-        predicted = predict_record(rec, utilization).seconds
-        rows.append((rec, predicted, predicted / rec.published_seconds - 1))
-    return rows
+    """The RecordRange of every record."""
+    return [record_range(rec, utilization) for rec in RECORDS]
+
+
+@dataclasses.dataclass(frozen=True)
+class LeaveOneOut:
+    """u fitted on `record`, and the errors of the other records' nominal
+    predictions at that u."""
+
+    record: object
+    utilization: float
+    errors: dict
+
+    @property
+    def within(self):
+        return sum(abs(e) <= TOLERANCE for e in self.errors.values())
+
+    @property
+    def median_abs_error(self):
+        return statistics.median(abs(e) for e in self.errors.values())
+
+
+def leave_one_out(records=RECORDS):
+    """For each record in turn: fit u on it, predict every other record."""
+    fitted = {rec.key: fit_utilization(rec) for rec in records}
+    results = []
+    for rec in records:
+        u = fitted[rec.key]
+        errors = {
+            other.key: predict_record(other, u).seconds / other.published_seconds - 1
+            for other in records
+            if other.key != rec.key
+        }
+        results.append(LeaveOneOut(rec, u, errors))
+    return results

@@ -1,0 +1,225 @@
+"""The planner's device model: the batch-dependent efficiency and the fixed
+per-step cost, their calibration from throughputs, the memory verdict, the
+defaults and what the output says it assumes."""
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from keras_lars.tools import plan
+from keras_lars.tools.settings import ConfigError
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TOY = plan.custom_profile(parameters=1_000_000, forward_flops=1e9)  # 3e9 FLOPs a trained image
+SPEC = plan.DeviceSpec("toy", {"float16": 1e12}, 1e11, 1e9, "made up")
+
+
+def test_efficiency_and_fixed_cost_enter_the_step():
+    device = plan.Device(peak_flops=1e12, utilization=0.5, half_batch=5, fixed_step_seconds=0.01)
+    # (b + b_half) t_image / u = (10 + 5) * 3e-3 / 0.5
+    assert device.compute_seconds(TOY, 10) == pytest.approx(0.09)
+    assert device.fill(10) == pytest.approx(10 / 15)
+    cluster = plan.Cluster(1, 1, 1e9, 0.0, 1e9, 0.0, "ring")
+    step = plan.step_time(TOY, 10, device, cluster)
+    assert step.step == pytest.approx(0.09 + 0.01)
+    assert step.efficiency == 1.0  # one device: nothing to wait for
+
+
+def test_update_seconds_closed_form():
+    # 7 float32 passes over 25.6M parameters at 900 GB/s
+    assert plan.update_seconds(25_600_000, 900e9) == pytest.approx(7 * 4 * 25.6e6 / 900e9)
+    assert plan.update_seconds(25_600_000, 0.0) == 0.0
+
+
+def test_fit_line_recovers_a_line():
+    # b / r = 0.01 + 0.002 b at b = 10 and 40
+    points = [(10, 10 / 0.03), (40, 40 / 0.09)]
+    assert plan.fit_line(points) == (pytest.approx(0.01), pytest.approx(0.002))
+    with pytest.raises(ValueError):
+        plan.fit_line([(10, 100.0), (10, 110.0)])
+
+
+def test_this_machines_throughputs_lie_on_the_line():
+    # benchmark_train at 64x64 here: 8.3, 19.2, 24.3 images/s at 2, 8, 32 images a step
+    intercept, slope = plan.fit_line(plan.HERE)
+    assert intercept == pytest.approx(0.1495, abs=0.001)  # seconds every step pays
+    assert slope == pytest.approx(0.03633, abs=0.0001)  # seconds an image
+    assert intercept / slope == pytest.approx(4.1, abs=0.1)  # b_half: images to half speed
+    for batch, rate in plan.HERE:
+        assert batch / (intercept + slope * batch) == pytest.approx(rate, rel=0.09)
+
+
+def _rates(batches, utilization, half_batch):
+    """Images/s of TOY on SPEC: b / (c_fixed + (b + b_half) t_image / u)."""
+    fixed = 7 * 4 * 1_000_000 / 1e11  # 2.8e-4 s
+    return [
+        plan.Throughput(
+            "toy", "float16", b, b / (fixed + (b + half_batch) * 3e-3 / utilization), ""
+        )
+        for b in batches
+    ]
+
+
+def test_calibrate_from_two_batch_sizes_gives_u_half_batch_and_fixed():
+    calibration = plan.calibrate(SPEC, "float16", TOY, _rates((10, 40), 0.5, 5.0))
+    assert calibration.utilization == pytest.approx(0.5)
+    assert calibration.half_batch == pytest.approx(5.0)
+    assert calibration.fixed_step_seconds == pytest.approx(2.8e-4)
+
+
+def test_calibrate_from_one_batch_size_gives_u_only():
+    calibration = plan.calibrate(SPEC, "float16", TOY, _rates((10,), 0.25, 0.0))
+    assert calibration.utilization == pytest.approx(0.25)
+    assert calibration.half_batch == 0.0
+    assert plan.calibrate(SPEC, "float32", TOY, _rates((10,), 0.25, 0.0)) is None
+
+
+def test_default_v100_utilization_is_fitted_on_its_published_throughputs():
+    options = plan.PlanSettings()
+    assert options.device == "V100-SXM2-16GB"
+    profile = plan.model_profile("resnet50")
+    t_image = profile.image_seconds(125e12, 900e9, 2)
+    fixed = 7 * 4 * 25_557_032 / 900e9
+    # NVIDIA's 1,376 images/s at 192 a GPU; MLPerf v0.6's 60 epochs in 6,913 s on 8 at 208
+    rates = [(192, 1376.0), (208, 60 * 1_281_167 / 6913.2 / 8)]
+    slope = sum((b / r - fixed) / b for b, r in rates) / 2
+    utilization, half, fixed_seconds, source = options.device_settings()
+    assert utilization == pytest.approx(t_image / slope)
+    assert (half, fixed_seconds) == (0.0, pytest.approx(fixed))
+    assert source.startswith("fitted on 2 published ResNet-50 throughputs")
+    # so a V100 at 192 images trains ~1,380 images/s (the issue: 638 before)
+    run = plan.PlanSettings(devices=1, devices_per_node=1, global_batch_size=128).run()
+    assert 128 / run.step.step == pytest.approx(1380, rel=0.03)
+
+
+def test_devices_without_throughputs_fall_back_to_the_records_utilization():
+    options = plan.PlanSettings(device="TPU v3", activation_dtype="bfloat16")
+    utilization, _, _, source = options.device_settings()
+    assert utilization == plan.CALIBRATED_UTILIZATION and "goyal2017" in source
+
+
+# --- memory --------------------------------------------------------------------------------
+LAYERS = plan.ModelProfile(
+    "two",
+    (
+        plan.LayerProfile("a", "Dense", 600, 1200, 10, 100),
+        plan.LayerProfile("b", "Dense", 400, 800, 100, 50),
+    ),
+)
+
+
+@pytest.mark.parametrize(
+    "capacity, verdict", [(20_000, "fits"), (17_000, "tight"), (16_000, "does not fit")]
+)
+def test_memory_estimate_closed_form_and_verdict(capacity, verdict):
+    estimate = plan.memory_estimate(LAYERS, 8, 2, capacity)
+    # weights 1000 (4 + 2), gradients 1000 * 4, one slot 1000 * 4, 8 images * 150 outputs * 2
+    assert (estimate.weights, estimate.gradients, estimate.slots, estimate.activations) == (
+        6000,
+        4000,
+        4000,
+        2400,
+    )
+    assert estimate.total == 16_400 and estimate.verdict == verdict
+
+
+def test_largest_batch_closed_form():
+    # 0.9 * 20000 - 14000 = 4000 bytes for images of 150 * 2 bytes
+    assert plan.largest_batch(LAYERS, 2, 20_000) == 13
+    assert plan.largest_batch(LAYERS, 2, 10_000) == 0
+    # a model given by its totals has no activations: any batch, once its weights fit
+    totals = plan.custom_profile(parameters=1000, forward_flops=1e6)
+    assert plan.largest_batch(totals, 2, 20_000) > 10**12
+    assert plan.largest_batch(totals, 2, 15_000) == 0  # 14,000 bytes > 0.9 x 15,000
+
+
+def test_custom_model_plans_with_the_default_batch():
+    options = plan.PlanSettings(model="custom", parameters=110_000_000, forward_gflops=22)
+    assert options.batch == 64 * 128
+    with pytest.raises(ConfigError, match=r"^--device=V100-SXM2-16GB: not one image"):
+        plan.PlanSettings(model="custom", parameters=2_000_000_000, forward_gflops=1)
+
+
+def test_records_table_text_and_inputs():
+    text = plan.records_text().splitlines()
+    assert text[1].split()[-3:] == ["u", "LOO", "verdict"]
+    assert text[-3].startswith("1 of 18 scored records within +-30%")
+    assert text[-2].startswith("leave-one-out: u fitted on each of the 20 records")
+    jia = plan.cli._inputs_text(plan.record("jia2018"))
+    assert jia == "varied: activation_dtype, overlap; assumed: devices_per_node"
+    assert plan.cli._inputs_text(plan.record("goyal2017")) == "all published"
+
+
+def test_a_batch_that_fits_and_one_that_does_not():
+    fits = plan.PlanSettings(devices=8, global_batch_size=1024)
+    assert fits.memory().verdict == "fits"
+    assert "a device: fits" in plan.plan_text(fits)
+    with pytest.raises(ConfigError) as error:
+        plan.PlanSettings(devices=8, global_batch_size=8192)
+    message = str(error.value)
+    assert message.startswith("--global_batch_size=8192: 1024 images a device need ")
+    assert message.endswith(
+        "more than the 16.0 GB of --device_memory_gb / --device: raise "
+        "--devices or lower the batch."
+    )
+    assert "\n" not in message
+    # the same batch fits an 80 GB device? no: 1024 images need more than 80 GB too
+    roomy = plan.PlanSettings(devices=8, global_batch_size=2048, device="A100-SXM4-80GB")
+    assert roomy.memory().verdict == "fits"
+
+
+# --- defaults ------------------------------------------------------------------------------
+def test_default_batch_is_128_a_device_or_what_fits():
+    assert plan.PlanSettings().batch == 64 * 128
+    assert plan.PlanSettings(devices=8).batch == 8 * 128
+    # float32 activations: 128 images need ~21 GB of a 16 GB V100; 64 fit
+    assert plan.PlanSettings(devices=8, activation_dtype="float32").batch == 8 * 64
+    assert plan.PlanSettings().epochs == 90
+
+
+def test_default_epochs_do_not_grow_with_the_batch():
+    options = plan.PlanSettings(devices=256)
+    small, large = options.run(32768), options.run(65536)
+    assert small.epochs == large.epochs == 90
+    assert (small.steps, large.steps) == (90 * (1_281_167 // 32768), 90 * (1_281_167 // 65536))
+    assert large.seconds < small.seconds  # the same images, fewer fixed costs and all-reduces
+
+
+def test_the_output_starts_with_what_it_assumes():
+    text = plan.plan_text(plan.PlanSettings(devices=8)).splitlines()
+    assert text[0] == "assumes"
+    for line, flag in zip(text[1:5], ("--device", "--utilization", "--epochs", "--overlap")):
+        assert flag in line, line
+    assert text[5] == "  batch         1,024 = 8 x 128 (the default)"
+
+
+@pytest.mark.subprocess
+def test_devices_8_prints_its_assumptions_and_a_memory_verdict():
+    process = subprocess.run(
+        [sys.executable, "-m", "keras_lars.tools.plan", "--devices=8"],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=300,
+    )
+    assert process.returncode == 0, process.stderr[-2000:]
+    lines = process.stdout.splitlines()
+    assert lines[0] == "assumes" and "V100-SXM2-16GB" in lines[1]
+    memory = next(line for line in lines if line.startswith("memory"))
+    assert memory.startswith("memory    10.4 GB of 16.0 GB a device: fits")
+
+
+@pytest.mark.subprocess
+def test_a_batch_that_does_not_fit_ends_in_one_line():
+    process = subprocess.run(
+        [sys.executable, "-m", "keras_lars.tools.plan", "--devices=8", "--global_batch_size=8192"],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=300,
+    )
+    assert process.returncode == 1
+    last = process.stderr.strip().splitlines()[-1]
+    assert last.startswith("error: --global_batch_size=8192: 1024 images a device need ")

@@ -1,0 +1,147 @@
+"""The planner's published records: every input sourced or assumed, the
+prediction's range over the assumed values, the score, and leave-one-out."""
+
+import dataclasses
+
+import pytest
+
+from keras_lars.tools import plan
+
+# predicted / published - 1 at the nominal inputs, and its range over the assumed ones
+EXPECTED = {
+    "goyal2017": (0.00, 0.00, 0.00),
+    "goyal2017_8gpu": (0.11, 0.11, 0.34),
+    "akiba2017": (0.22, 0.10, 0.22),
+    "you2018": (-0.25, -0.36, -0.25),
+    "jia2018": (0.13, 0.05, 0.51),
+    "mikami2018": (-0.56, -0.64, -0.48),
+    "mikami2018v2": (-0.33, -0.57, -0.33),
+    "ying2018": (0.37, 0.34, 0.37),
+    "ying2018_64k": (0.61, 0.59, 0.61),
+    "yamazaki2019": (0.13, 0.13, 0.33),
+    "mlperf06_nvidia": (0.45, 0.45, 0.55),
+    "mlperf06_fujitsu": (0.18, 0.18, 0.47),
+    "mlperf06_google": (0.88, 0.84, 0.99),
+    "mlperf07_nvidia": (0.31, 0.31, 0.40),
+    "mlperf07_google": (0.67, 0.49, 0.67),
+    "mlperf07_google_v4": (1.24, 1.17, 1.24),
+    "mlperf10_google": (1.59, 1.36, 1.59),
+    "mlperf10_google_3456": (1.58, 1.20, 1.58),
+    "mlperf11_nvidia_1024": (0.44, 0.35, 0.62),
+    "mlperf11_nvidia": (-0.21, -0.21, 0.34),
+}
+
+
+@pytest.mark.parametrize("rec", plan.RECORDS, ids=lambda rec: rec.key)
+def test_every_input_is_sourced_or_assumed(rec):
+    sourced = rec.sourced_fields()
+    assert sourced <= set(plan.INPUTS), sourced - set(plan.INPUTS)
+    assert set(rec.assumed) <= set(plan.INPUTS)
+    assert set(plan.INPUTS) == sourced | set(rec.assumed)
+    for name in sourced & set(rec.assumed):  # published with several values: a range
+        assert len(set(rec.assumed[name])) >= 2, f"{rec.key}.{name}: sourced and assumed"
+    for name, values in rec.assumed.items():
+        assert getattr(rec, name) in values, (
+            f"{rec.key}.{name}: its own value is not among {values}"
+        )
+    assert all(source.strip() for source in rec.sources.values())
+    assert rec.device in plan.DEVICES
+
+
+def test_akiba_ran_on_pcie_p100s():
+    rec = plan.record("akiba2017")
+    assert rec.device == "P100-PCIe"
+    assert plan.DEVICES[rec.device].peak("float32") == 9.3e12
+    assert rec.device_model(0.5).peak_flops == 9.3e12
+
+
+def test_mlperf_results_of_each_round_gpu_and_tpu():
+    rounds = {}
+    for rec in plan.RECORDS:
+        if rec.key.startswith("mlperf"):
+            kind = "TPU" if rec.device.startswith("TPU") else "GPU"
+            rounds.setdefault(rec.paper.split(",")[0], set()).add(kind)
+            assert "github.com/mlcommons/training_results_v" in str(rec.sources)
+    assert rounds == {
+        "MLPerf Training v0.6": {"GPU", "TPU"},
+        "MLPerf Training v0.7": {"GPU", "TPU"},
+        "MLPerf Training v1.0": {"TPU"},
+        "MLPerf Training v1.1": {"GPU"},
+    }
+    # each with its own epochs, from its logs
+    assert plan.record("mlperf07_google").epochs == 92
+    assert plan.record("mlperf11_nvidia").epochs == 85
+
+
+def test_the_requested_records_are_in():
+    v2 = plan.record("mikami2018v2")
+    assert (v2.published_seconds, v2.devices, v2.global_batch) == (122, 3456, 55296)
+    ying = plan.record("ying2018_64k")
+    assert (ying.published_seconds, ying.global_batch) == (108, 65536)
+
+
+def test_choices_are_the_product_of_the_assumed_values():
+    rec = plan.record("akiba2017")
+    combos = plan.choices(rec)
+    assert len(combos) == 2 * 2 * 2
+    assert {c["overlap"] for c in combos} == {False, True}
+    assert plan.choices(dataclasses.replace(rec, assumed={})) == [{}]
+
+
+def test_range_is_the_lowest_and_highest_error_over_the_assumed_values():
+    rec = dataclasses.replace(plan.record("akiba2017"), assumed={"overlap": (False, True)})
+    off = plan.predict_record(rec, 0.417, overlap=False).seconds / rec.published_seconds - 1
+    on = plan.predict_record(rec, 0.417, overlap=True).seconds / rec.published_seconds - 1
+    assert on < off  # hiding the all-reduce can only shorten the run
+    row = plan.record_range(rec, 0.417)
+    assert (row.low, row.high) == (pytest.approx(on), pytest.approx(off))
+    assert row.error == pytest.approx(off)  # the record's own value: overlap off
+
+
+def test_an_assumed_published_time_widens_the_range():
+    rec = plan.record("goyal2017_8gpu")
+    predicted = plan.predict_record(rec).seconds
+    row = plan.record_range(rec)
+    assert row.low == pytest.approx(predicted / (29 * 3600) - 1)
+    assert row.high == pytest.approx(predicted / (24 * 3600) - 1)
+
+
+@pytest.mark.parametrize(
+    "low, high, within",
+    [(-0.30, 0.30, True), (-0.1, 0.31, False), (-0.31, 0.0, False), (0.05, 0.12, True)],
+)
+def test_a_row_is_within_only_if_its_whole_range_is(low, high, within):
+    row = plan.RecordRange(plan.record("akiba2017"), 1.0, 0.0, low, high)
+    assert row.within is within
+
+
+def test_records_errors_ranges_and_score():
+    rows = plan.records_rows()
+    assert [row.record.key for row in rows] == list(EXPECTED)
+    for row in rows:
+        expected = EXPECTED[row.record.key]
+        assert (row.error, row.low, row.high) == pytest.approx(expected, abs=0.01), row.record.key
+        if row.record.scored and not row.within:
+            assert row.record.miss, f"{row.record.key}: a miss without an explanation"
+    scored = [row for row in rows if row.record.scored]
+    assert [row.record.key for row in rows if not row.record.scored] == [
+        "goyal2017",
+        "goyal2017_8gpu",
+    ]
+    assert sum(row.within for row in scored) == 1
+    assert plan.cli.score_line(rows).startswith("1 of 18 scored records within +-30%")
+
+
+def test_leave_one_out_on_a_record_and_its_double():
+    goyal = plan.record("goyal2017")
+    slower = dataclasses.replace(goyal, key="slower", published_seconds=2 * 3600)
+    results = {r.record.key: r for r in plan.leave_one_out((goyal, slower))}
+    # the all-reduce stays hidden, so time ~ 1/u: u halves, the other is off by 2x
+    assert results["slower"].utilization == pytest.approx(
+        results["goyal2017"].utilization / 2, rel=1e-6
+    )
+    assert results["goyal2017"].errors == {"slower": pytest.approx(-0.5, abs=1e-6)}
+    assert results["slower"].errors == {"goyal2017": pytest.approx(1.0, abs=1e-6)}
+    assert results["goyal2017"].within == 0 and results["slower"].median_abs_error == pytest.approx(
+        1.0
+    )
