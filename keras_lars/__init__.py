@@ -9,6 +9,9 @@ _environment.check()  # one ImportError for Keras 2 / tf_keras or a Keras below 
 
 from keras_lars import compat  # Keras/TF workarounds; nothing is patched at import
 from keras_lars import distribute
+from keras_lars.batch_schedule import BatchSchedule
+from keras_lars.batch_schedule import EpochWarmupPolyDecay
+from keras_lars.batch_schedule import Phase
 from keras_lars.callbacks import DivergenceGuard
 from keras_lars.callbacks import NonFiniteLossError
 from keras_lars.callbacks import TrustRatioMonitor
@@ -32,6 +35,9 @@ __all__ = [
     "trust_ratio",
     "WarmupPolyDecay",
     "WarmupPolyDecayCallback",
+    "BatchSchedule",
+    "Phase",
+    "EpochWarmupPolyDecay",
     "TrustRatioMonitor",
     "DivergenceGuard",
     "NonFiniteLossError",

@@ -11,6 +11,27 @@ from keras_lars.validation import check_integer
 from keras_lars.validation import check_number
 
 
+def warmup_poly_decay(done, done_after, warmup, total, peak, end, start, power):
+    """The curve at progress `done` (a float32 tensor; steps or epochs before
+    the update) and `done_after` (the progress after it), with warmup W and
+    total T in the same unit (python floats, 0 <= W <= T, T > 0):
+
+        done <  W:          lr = s + (p - s) * done_after / W
+        W <= done < T:      lr = e + (p - e) * (1 - (done - W) / (T - W))^power
+        done >= T:          lr = e
+
+    Written once, for `WarmupPolyDecay` (steps) and `EpochWarmupPolyDecay`
+    (epochs); a zero-length warmup or decay divides by 1 instead (its branch
+    is never taken).
+    """
+    warmup_rate = start + (peak - start) * done_after / (warmup if warmup > 0 else 1.0)
+    decay_length = total - warmup if total > warmup else 1.0
+    progress = ops.clip((done - warmup) / decay_length, 0.0, 1.0)
+    decay_rate = end + (peak - end) * ops.power(1.0 - progress, power)
+    decay_rate = ops.where(done < total, decay_rate, end)
+    return ops.where(done < warmup, warmup_rate, decay_rate)
+
+
 @keras.saving.register_keras_serializable(package="keras_lars")
 class WarmupPolyDecay(keras.optimizers.schedules.LearningRateSchedule):
     """Linear warmup to a peak rate, then polynomial decay to an end rate.
@@ -77,18 +98,16 @@ class WarmupPolyDecay(keras.optimizers.schedules.LearningRateSchedule):
 
     def __call__(self, step):
         step = ops.cast(step, "float32")
-        peak, end, start = (
+        return warmup_poly_decay(
+            step,
+            step + 1.0,
+            float(self.warmup_steps),
+            float(self.total_steps),
             self.peak_learning_rate,
             self.end_learning_rate,
             self.start_learning_rate,
+            self.power,
         )
-        warmup = float(self.warmup_steps)
-        warmup_rate = start + (peak - start) * (step + 1.0) / max(warmup, 1.0)
-        decay_steps = float(max(self.total_steps - self.warmup_steps, 1))
-        progress = ops.clip((step - warmup) / decay_steps, 0.0, 1.0)
-        decay_rate = end + (peak - end) * ops.power(1.0 - progress, self.power)
-        decay_rate = ops.where(step < float(self.total_steps), decay_rate, end)
-        return ops.where(step < warmup, warmup_rate, decay_rate)
 
     def get_config(self):
         return {

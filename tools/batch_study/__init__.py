@@ -3,6 +3,9 @@ at a fixed epoch budget.
 
     keras-lars-study          # digits, ResNet-18 at 16x16, 48 cells, ~40 min on 2 cores
 
+    # Fashion-MNIST at 28x28 (apt-get install dataset-fashion-mnist, or --data_dir)
+    keras-lars-study --dataset=fashion_mnist --batch_sizes=256,1024,4096,16384,full
+
     # your own ImageNet-format TFRecords (keras-lars-make-tfrecords)
     keras-lars-study --dataset=imagenet --data_dir=data/photos \\
         --image_size=64 --batch_sizes=64,256,1024,full --train_epochs=30
@@ -35,7 +38,8 @@ the optimizer reached from that lag.
 Every other setting is a flag of the training tool shared by all cells
 (--model, --dataset, --data_dir, --image_size, --momentum, --weight_decay,
 ...); the study's own defaults: --train_epochs=10, --warmup_epochs=2 and, on
-digits, --image_size=16. The settings the study sets per cell (PER_CELL, the
+digits, --image_size=16 (other data sets keep the tool's: 28 on
+fashion_mnist). The settings the study sets per cell (PER_CELL, the
 fields of `CellSettings`: --optimizer, --global_batch_size,
 --base_learning_rate, --seed, --model_dir, ...) are not its flags; its
 --base_learning_rates and --lr_scaling give each optimizer its own value of

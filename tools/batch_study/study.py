@@ -184,7 +184,8 @@ class Study:
 def make_study(own, shared):
     """The Study of `own` (StudySettings) and `shared`: values of the
     training tool's settings but PER_CELL (STUDY_DEFAULTS where absent;
-    image size 0 on digits: DIGITS_IMAGE_SIZE)."""
+    image size 0 on digits: DIGITS_IMAGE_SIZE; on other data sets the
+    tool's default, e.g. 28 on fashion_mnist)."""
     per_cell = sorted(set(shared) & set(PER_CELL))
     if per_cell:
         raise ConfigError(f"--{per_cell[0]} is set per cell by the study.")

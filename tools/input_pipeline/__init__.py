@@ -1,5 +1,5 @@
 """Input pipelines of the training tool: ImageNet-format TFRecords, synthetic
-images and scikit-learn's handwritten digits.
+images, scikit-learn's handwritten digits and Fashion-MNIST's IDX files.
 
 Every training split is built one epoch at a time, and an epoch's examples,
 their order and their augmentation are a pure function of (seed, epoch): a
@@ -15,7 +15,8 @@ The parts, each depending only on those above it:
     records         ImageNet-format files: names, listing, sharding, parsing, counts
     record_checks   each file's first record up front; the first bad record
     imagenet        tf.data of the records: a training epoch, the evaluation examples
-    arrays          in memory: the digits, synthetic images
+    idx             Fashion-MNIST's IDX files (gzip): parsing, checks, the four files
+    arrays          in memory: the digits, grey images, synthetic images
     sources         DatasetInfo, the DataSource protocol, its sources, SOURCES, load
 
 Everything is importable from here (`input_pipeline.load`, ...).
@@ -26,9 +27,18 @@ from keras_lars.tools.input_pipeline.arrays import DIGITS_SPLIT_SEED
 from keras_lars.tools.input_pipeline.arrays import DIGITS_TEST_FRACTION
 from keras_lars.tools.input_pipeline.arrays import arrays_train
 from keras_lars.tools.input_pipeline.arrays import epoch_permutation
+from keras_lars.tools.input_pipeline.arrays import grey_to_rgb
 from keras_lars.tools.input_pipeline.arrays import load_digits
 from keras_lars.tools.input_pipeline.arrays import synthetic
 from keras_lars.tools.input_pipeline.errors import DataError
+from keras_lars.tools.input_pipeline.idx import FASHION_MNIST_CLASSES
+from keras_lars.tools.input_pipeline.idx import FASHION_MNIST_DIR
+from keras_lars.tools.input_pipeline.idx import FASHION_MNIST_FILES
+from keras_lars.tools.input_pipeline.idx import IMAGES_MAGIC
+from keras_lars.tools.input_pipeline.idx import LABELS_MAGIC
+from keras_lars.tools.input_pipeline.idx import load_fashion_mnist
+from keras_lars.tools.input_pipeline.idx import parse_idx
+from keras_lars.tools.input_pipeline.idx import read_idx
 from keras_lars.tools.input_pipeline.imagenet import SHUFFLE_BUFFER
 from keras_lars.tools.input_pipeline.imagenet import imagenet_eval_examples
 from keras_lars.tools.input_pipeline.imagenet import imagenet_train
@@ -52,6 +62,7 @@ from keras_lars.tools.input_pipeline.sources import SOURCES
 from keras_lars.tools.input_pipeline.sources import DatasetInfo
 from keras_lars.tools.input_pipeline.sources import DataSource
 from keras_lars.tools.input_pipeline.sources import Digits
+from keras_lars.tools.input_pipeline.sources import FashionMNIST
 from keras_lars.tools.input_pipeline.sources import ImageNetRecords
 from keras_lars.tools.input_pipeline.sources import Synthetic
 from keras_lars.tools.input_pipeline.sources import load
@@ -75,6 +86,7 @@ __all__ = [
     "SOURCES",
     "load",
     "Digits",
+    "FashionMNIST",
     "ImageNetRecords",
     "Synthetic",
     "find_bad_record",
@@ -105,7 +117,17 @@ __all__ = [
     "load_digits",
     "epoch_permutation",
     "arrays_train",
+    "grey_to_rgb",
     "synthetic",
+    # Fashion-MNIST's IDX files
+    "FASHION_MNIST_CLASSES",
+    "FASHION_MNIST_DIR",
+    "FASHION_MNIST_FILES",
+    "IMAGES_MAGIC",
+    "LABELS_MAGIC",
+    "parse_idx",
+    "read_idx",
+    "load_fashion_mnist",
     # per-image preprocessing
     "MEAN_RGB",
     "STDDEV_RGB",

@@ -1,5 +1,6 @@
-"""In-memory data: scikit-learn's handwritten digits, read in a seeded
-order per epoch, and synthetic images for throughput."""
+"""In-memory data: scikit-learn's handwritten digits and grey images such as
+Fashion-MNIST's, read in a seeded order per epoch, and synthetic images for
+throughput."""
 
 import numpy as np
 import tensorflow as tf
@@ -34,16 +35,29 @@ def load_digits(image_size):
     return (images[train_index], labels[train_index]), (images[test_index], labels[test_index])
 
 
+def grey_to_rgb(images, image_size):
+    """uint8 grey images (..., rows, cols) -> normalised float32
+    (..., image_size, image_size, 3): resized (bilinear) unless already that
+    size, the grey channel repeated, ImageNet's channel normalisation."""
+    images = tf.cast(images[..., tf.newaxis], tf.float32)
+    if tuple(images.shape[-3:-1]) != (image_size, image_size):
+        images = tf.image.resize(images, [image_size, image_size], method="bilinear")
+    return normalize(tf.repeat(images, 3, axis=-1))
+
+
 def epoch_permutation(num_examples, seed, epoch):
     """The order of the training examples in `epoch`: a numpy permutation
     seeded by (seed, epoch)."""
     return np.random.default_rng([seed, epoch]).permutation(num_examples)
 
 
-def arrays_train(images, labels, epoch, batch_size, seed, input_context=None, skip_batches=0):
+def arrays_train(
+    images, labels, epoch, batch_size, seed, input_context=None, skip_batches=0, preprocess=None
+):
     """One epoch of in-memory examples (tensors) in the order of
     `epoch_permutation`, every n-th for pipeline i of n, without its first
-    `skip_batches` batches; no augmentation."""
+    `skip_batches` batches; no augmentation. `preprocess` maps each batch of
+    images (stored compact, converted as they are read)."""
     order = epoch_permutation(int(labels.shape[0]), seed, epoch)
     if input_context is not None:
         order = order[input_context.input_pipeline_id :: input_context.num_input_pipelines]
@@ -51,6 +65,8 @@ def arrays_train(images, labels, epoch, batch_size, seed, input_context=None, sk
     dataset = tf.data.Dataset.from_tensor_slices(order)
     dataset = dataset.batch(batch_size, drop_remainder=True)
     dataset = dataset.map(lambda index: (tf.gather(images, index), tf.gather(labels, index)))
+    if preprocess is not None:
+        dataset = dataset.map(lambda batch, batch_labels: (preprocess(batch), batch_labels))
     return dataset.prefetch(tf.data.AUTOTUNE)
 
 

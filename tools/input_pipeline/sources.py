@@ -11,8 +11,11 @@ import tensorflow as tf
 from keras_lars.tools.input_pipeline import records
 from keras_lars.tools.input_pipeline.arrays import DIGITS_CLASSES
 from keras_lars.tools.input_pipeline.arrays import arrays_train
+from keras_lars.tools.input_pipeline.arrays import grey_to_rgb
 from keras_lars.tools.input_pipeline.arrays import load_digits
 from keras_lars.tools.input_pipeline.arrays import synthetic
+from keras_lars.tools.input_pipeline.idx import FASHION_MNIST_CLASSES
+from keras_lars.tools.input_pipeline.idx import load_fashion_mnist
 from keras_lars.tools.input_pipeline.imagenet import imagenet_eval_examples
 from keras_lars.tools.input_pipeline.imagenet import imagenet_train
 from keras_lars.tools.input_pipeline.record_checks import validate_files
@@ -89,19 +92,18 @@ class _Source:
         return padded_batches(examples, batch, steps * local_replicas, self.image_size)
 
 
-class Digits(_Source):
-    """scikit-learn's 1797 handwritten digits in memory (`load_digits`),
-    read in the order of `epoch_permutation`; nothing is downloaded."""
+class _InMemory(_Source):
+    """A data set held in memory: `arrays` = ((train images, labels), (eval
+    images, labels)) tensors, read in the order of `epoch_permutation`;
+    `preprocess` (if any) converts a batch of images as it is read."""
 
-    default_image_size = 32
+    preprocess = None
 
-    def __init__(self, image_size=32, seed=0, num_classes=0):
+    def __init__(self, name, arrays, image_size, seed, num_classes):
         self.image_size, self.seed = image_size, seed
-        self.arrays = tf.nest.map_structure(tf.constant, load_digits(image_size))
+        self.arrays = tf.nest.map_structure(tf.constant, arrays)
         (_, train_labels), (_, eval_labels) = self.arrays
-        self.info = DatasetInfo(
-            "digits", len(train_labels), len(eval_labels), num_classes or DIGITS_CLASSES
-        )
+        self.info = DatasetInfo(name, len(train_labels), len(eval_labels), num_classes)
 
     def train(self, epoch, global_batch_size, input_context=None, skip_batches=0):
         (images, labels), _ = self.arrays
@@ -113,13 +115,48 @@ class Digits(_Source):
             self.seed,
             input_context,
             skip_batches,
+            self.preprocess,
         )
 
     def eval_examples(self, batch, pipeline_id, pipelines, input_context):
         _, (images, labels) = self.arrays
-        return tf.data.Dataset.from_tensor_slices(
+        examples = tf.data.Dataset.from_tensor_slices(
             (images[pipeline_id::pipelines], labels[pipeline_id::pipelines])
         )
+        if self.preprocess is None:
+            return examples
+        return examples.map(lambda image, label: (self.preprocess(image), label))
+
+
+class Digits(_InMemory):
+    """scikit-learn's 1797 handwritten digits in memory (`load_digits`),
+    read in the order of `epoch_permutation`; nothing is downloaded."""
+
+    default_image_size = 32
+
+    def __init__(self, image_size=32, seed=0, num_classes=0):
+        super().__init__(
+            "digits", load_digits(image_size), image_size, seed, num_classes or DIGITS_CLASSES
+        )
+
+
+class FashionMNIST(_InMemory):
+    """Fashion-MNIST (Xiao et al. 2017): 60000 training and 10000 test 28x28
+    grey images of 10 classes, from the original IDX files in `data_dir`
+    (default: where Debian's dataset-fashion-mnist puts them; `idx`). Held
+    in memory as uint8, read in the order of `epoch_permutation`, each batch
+    made RGB, resized and normalised as it is read (`grey_to_rgb`)."""
+
+    default_image_size = 28
+
+    def __init__(self, data_dir=None, image_size=28, seed=0, num_classes=0):
+        arrays = load_fashion_mnist(data_dir)
+        super().__init__(
+            "fashion_mnist", arrays, image_size, seed, num_classes or FASHION_MNIST_CLASSES
+        )
+
+    def preprocess(self, images):
+        return grey_to_rgb(images, self.image_size)
 
 
 class Synthetic(_Source):
@@ -215,7 +252,12 @@ class ImageNetRecords(_Source):
 
 
 # --dataset names the source; adding a source is a class above and a line here.
-SOURCES = {"digits": Digits, "imagenet": ImageNetRecords, "synthetic": Synthetic}
+SOURCES = {
+    "digits": Digits,
+    "fashion_mnist": FashionMNIST,
+    "imagenet": ImageNetRecords,
+    "synthetic": Synthetic,
+}
 
 
 def load(config):

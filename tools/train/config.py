@@ -231,11 +231,18 @@ class Config:
     dataset: str = setting(
         "digits",
         "digits: scikit-learn's handwritten digits (nothing downloaded); "
+        "fashion_mnist: Fashion-MNIST's IDX files (apt-get install dataset-fashion-mnist, "
+        "or --data_dir); "
         "imagenet: ImageNet-format TFRecords in --data_dir (train-*, validation-*); "
         "synthetic: random images of ImageNet's sizes, for throughput.",
         choices=input_pipeline.SOURCES,
     )
-    data_dir: str = setting(None, "Directory (or bucket) of the TFRecord shards.", resumable=True)
+    data_dir: str = setting(
+        None,
+        "Directory (or bucket) of the TFRecord shards, or of Fashion-MNIST's four .gz files "
+        "(default /usr/share/datasets/fashion-mnist).",
+        resumable=True,
+    )
     label_offset: int = setting(
         1,
         "Subtracted from image/class/label: 1 for labels 1..N (tensorflow/tpu, "
@@ -244,7 +251,8 @@ class Config:
     )
     image_size: int = setting(
         0,
-        "Input side in pixels (8 to 4096); 0: the data set's (32 for digits, 224 otherwise).",
+        "Input side in pixels (8 to 4096); 0: the data set's (32 for digits, 28 for "
+        "fashion_mnist, 224 otherwise).",
         check=between(8, 4096),
     )
     num_classes: int = setting(

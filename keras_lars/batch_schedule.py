@@ -1,0 +1,382 @@
+"""Batch-size control: the global batch (and image size) by epoch, and the
+learning rate as a function of epochs done.
+
+A `BatchSchedule` is a list of phases; phase k runs from epoch E_k (E_0 = 0,
+increasing) to the next phase's, with global batch B_k and, optionally, image
+side I_k. An epoch is one pass over the N training examples with the
+remainder dropped (`keras_lars.steps_per_epoch`, static shapes), so phase k
+takes n_k = floor(N / B_k) steps per epoch and starts at step
+
+    S_0 = 0,   S_k = S_{k-1} + (E_k - E_{k-1}) * n_{k-1}.
+
+Steps stop measuring progress once the batch changes; epochs done still do:
+
+    e(s) = E_k + (s - S_k) / n_k       for S_k <= s < S_{k+1}
+
+(s counts updates before this one; the last phase runs on forever).
+`EpochWarmupPolyDecay` is `WarmupPolyDecay`'s curve in epochs, evaluated at
+e(iterations) inside the train step.
+"""
+
+import dataclasses
+import math
+import numbers
+import re
+
+import keras
+from keras import ops
+
+from keras_lars.recipes import steps_per_epoch
+from keras_lars.schedules import warmup_poly_decay
+from keras_lars.validation import check_integer
+from keras_lars.validation import check_number
+
+COUPLINGS = ("grow", "scale")
+SCALING_RULES = ("linear", "sqrt")
+
+_PHASE_TEXT = re.compile(r"\s*([+-]?\d+)\s*:\s*([+-]?\d+)\s*")
+
+
+def _whole(value):
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
+def parse_phases(text, schedule_name="batch schedule", value_name="global batch"):
+    """((epoch, value), ...) of flag text "0:4096,30:8192" (epoch:value,
+    whole numbers); a ValueError names the phase that is not. The pairs are
+    checked by `BatchSchedule`, not here."""
+    if not isinstance(text, str) or not text.strip():
+        raise ValueError(
+            f"{schedule_name} {text!r}: name at least one phase as epoch:{value_name}, "
+            "e.g. 0:256,30:1024."
+        )
+    pairs = []
+    for number, item in enumerate(text.split(","), 1):
+        match = _PHASE_TEXT.fullmatch(item)
+        if not match:
+            raise ValueError(
+                f"{schedule_name} phase {number} {item!r}: expected epoch:{value_name}, "
+                "two whole numbers (e.g. 30:1024)."
+            )
+        pairs.append((int(match[1]), int(match[2])))
+    return tuple(pairs)
+
+
+def _check_pairs(pairs, schedule_name, value_name):
+    """Raises ValueError naming the first phase (epoch, value) that is not:
+    whole epochs from 0, increasing, values whole and >= 1."""
+    if len(pairs) == 0:
+        raise ValueError(f"{schedule_name}: name at least one phase.")
+    for number, (epoch, value) in enumerate(pairs, 1):
+        phase = f"{schedule_name} phase {number} (epoch {epoch!r})"
+        if not _whole(epoch):
+            raise ValueError(f"{phase}: the epoch must be a whole number.")
+        if number == 1 and epoch != 0:
+            raise ValueError(f"{phase}: the first phase must start at epoch 0.")
+        if number > 1 and epoch <= pairs[number - 2][0]:
+            raise ValueError(
+                f"{phase}: epochs must increase; phase {number - 1} starts at epoch "
+                f"{pairs[number - 2][0]}."
+            )
+        if not _whole(value) or value < 1:
+            raise ValueError(f"{phase}: the {value_name} must be an integer >= 1, got {value!r}.")
+
+
+@dataclasses.dataclass(frozen=True)
+class Phase:
+    """From `epoch` to the next phase's: batches of `global_batch_size`
+    examples over all replicas, images `image_size` pixels a side (None:
+    the run's)."""
+
+    epoch: int
+    global_batch_size: int
+    image_size: int | None = None
+
+
+def _as_phase(number, phase):
+    if isinstance(phase, Phase):
+        return phase
+    if isinstance(phase, (tuple, list)) and len(phase) in (2, 3):
+        return Phase(*phase)
+    raise ValueError(
+        f"batch schedule phase {number}: expected a Phase or (epoch, global batch"
+        f"[, image size]), got {phase!r}."
+    )
+
+
+@keras.saving.register_keras_serializable(package="keras_lars")
+class BatchSchedule:
+    """Phases of (from epoch, global batch, optional image size); see the
+    module docstring for the step arithmetic.
+
+    Args:
+        phases: `Phase`s or (epoch, global_batch_size[, image_size]) tuples,
+            epochs whole, the first 0, increasing; batches and image sizes
+            whole and >= 1 (image size may be None). A ValueError names the
+            first phase that is not.
+    """
+
+    def __init__(self, phases):
+        if isinstance(phases, str):
+            raise ValueError(
+                f"batch schedule {phases!r}: give phases, or read flag text with "
+                "BatchSchedule.parse."
+            )
+        phases = tuple(_as_phase(number, p) for number, p in enumerate(phases, 1))
+        _check_pairs(
+            [(p.epoch, p.global_batch_size) for p in phases], "batch schedule", "global batch"
+        )
+        sized = [(p.epoch, p.image_size) for p in phases if p.image_size is not None]
+        if sized and len(sized) < len(phases):
+            raise ValueError(
+                "batch schedule: give every phase an image size or none (phases "
+                f"{', '.join(str(i + 1) for i, p in enumerate(phases) if p.image_size is None)} "
+                "have none)."
+            )
+        if sized:
+            _check_pairs(sized, "batch schedule", "image size")
+        self.phases = tuple(
+            Phase(int(p.epoch), int(p.global_batch_size), p.image_size and int(p.image_size))
+            for p in phases
+        )
+
+    @classmethod
+    def parse(cls, batch_schedule, image_size_schedule=None):
+        """The schedule of flag texts: batch_schedule "0:4096,30:8192"
+        (epoch:global batch) and optionally image_size_schedule
+        "0:128,40:192" (epoch:image side); a phase starts wherever either
+        changes."""
+        batches = parse_phases(batch_schedule, "batch schedule", "global batch")
+        _check_pairs(batches, "batch schedule", "global batch")
+        if image_size_schedule is None:
+            return cls(batches)
+        sizes = parse_phases(image_size_schedule, "image size schedule", "image size")
+        _check_pairs(sizes, "image size schedule", "image size")
+
+        def value_at(pairs, epoch):
+            return [value for start, value in pairs if start <= epoch][-1]
+
+        epochs = sorted({epoch for epoch, _ in batches + sizes})
+        return cls([(e, value_at(batches, e), value_at(sizes, e)) for e in epochs])
+
+    @classmethod
+    def constant(cls, global_batch_size, image_size=None):
+        """One phase: the same batch (and image size) all along."""
+        return cls([(0, global_batch_size, image_size)])
+
+    # --- the step arithmetic, given N training examples --------------------------------
+    def steps_per_epoch(self, num_examples):
+        """n_k = floor(N / B_k) of each phase (drop remainder); a ValueError
+        names a phase whose batch exceeds N."""
+        num_examples = check_integer("num_examples", num_examples, at_least=1)
+        for number, phase in enumerate(self.phases, 1):
+            if phase.global_batch_size > num_examples:
+                raise ValueError(
+                    f"batch schedule phase {number} (epoch {phase.epoch}): the global batch "
+                    f"{phase.global_batch_size} exceeds the {num_examples} training examples: "
+                    "an epoch would have no step."
+                )
+        return tuple(steps_per_epoch(num_examples, p.global_batch_size) for p in self.phases)
+
+    def start_steps(self, num_examples):
+        """S_k, the step at which each phase starts."""
+        per_epoch = self.steps_per_epoch(num_examples)
+        starts = [0]
+        for k in range(1, len(self.phases)):
+            starts.append(
+                starts[-1] + (self.phases[k].epoch - self.phases[k - 1].epoch) * per_epoch[k - 1]
+            )
+        return tuple(starts)
+
+    def phase_at_epoch(self, epoch):
+        """The index of the phase that whole epoch `epoch` (>= 0) is in."""
+        epoch = check_integer("epoch", epoch, at_least=0)
+        return max(k for k, p in enumerate(self.phases) if p.epoch <= epoch)
+
+    def step_at_epoch(self, epoch, num_examples):
+        """The step at which whole epoch `epoch` starts (epoch = the number of
+        training epochs: the run's total steps)."""
+        k = self.phase_at_epoch(epoch)
+        per_epoch, starts = self.steps_per_epoch(num_examples), self.start_steps(num_examples)
+        return starts[k] + (epoch - self.phases[k].epoch) * per_epoch[k]
+
+    def phase_at_step(self, step, num_examples):
+        """The index of the phase that step `step` (>= 0) is in."""
+        step = check_integer("step", step, at_least=0)
+        return max(k for k, start in enumerate(self.start_steps(num_examples)) if start <= step)
+
+    def epochs_done(self, step, num_examples):
+        """e(step) = E_k + (step - S_k) / n_k, in keras.ops (float32; steps
+        exact below 2^24): a tensor for a step tensor or a number."""
+        step = ops.cast(step, "float32")
+        per_epoch, starts = self.steps_per_epoch(num_examples), self.start_steps(num_examples)
+        done = 0.0
+        for phase, start, steps in zip(self.phases, starts, per_epoch):
+            in_phase = float(phase.epoch) + (step - float(start)) / float(steps)
+            done = in_phase if start == 0 else ops.where(step >= float(start), in_phase, done)
+        return done
+
+    def phase_value(self, step, values, num_examples):
+        """values[k] for the phase k of `step` (a tensor), in keras.ops."""
+        step = ops.cast(step, "float32")
+        chosen = ops.full_like(step, values[0])
+        for start, value in zip(self.start_steps(num_examples)[1:], values[1:]):
+            chosen = ops.where(step >= float(start), value, chosen)
+        return chosen
+
+    # --- equality and serialization ----------------------------------------------------
+    def __eq__(self, other):
+        return isinstance(other, BatchSchedule) and other.phases == self.phases
+
+    def __hash__(self):
+        return hash(self.phases)
+
+    def __repr__(self):
+        return f"BatchSchedule({[dataclasses.astuple(p) for p in self.phases]})"
+
+    def get_config(self):
+        return {"phases": [list(dataclasses.astuple(p)) for p in self.phases]}
+
+    @classmethod
+    def from_config(cls, config):
+        return cls(config["phases"])
+
+
+@keras.saving.register_keras_serializable(package="keras_lars")
+class EpochWarmupPolyDecay(keras.optimizers.schedules.LearningRateSchedule):
+    """`WarmupPolyDecay`'s curve counted in epochs done, for a batch that
+    changes by phase (`BatchSchedule`).
+
+    With s the optimizer's iteration count before the update, e(s) the
+    epochs done (module docstring), phase k that of step s, warmup W and
+    total T in epochs, and f the curve of `WarmupPolyDecay`:
+
+        f = s0 + (p - s0) * e(s + 1) / W                      e(s) <  W
+            e + (p - e) * (1 - (e(s) - W) / (T - W))^power    W <= e(s) < T
+            e                                                 e(s) >= T
+
+    the two coupling rules are
+
+        grow:           lr(s) = f                    (Smith et al. 2018)
+        scale, linear:  lr(s) = f * B_k / B_ref      (Goyal et al. 2017)
+        scale, sqrt:    lr(s) = f * sqrt(B_k / B_ref)  (You et al. 2020)
+
+    "grow" keeps the rate where the batch grows: growth replaces decay, and
+    the rate decays only as f does (end_learning_rate = peak_learning_rate
+    holds it constant after warmup, as in "Don't decay the learning rate,
+    increase the batch size"). "scale" keeps the rate per example: each
+    phase's rate is f scaled to its batch, so it jumps at a phase boundary.
+
+    A single phase with whole warmup and total epochs gives `WarmupPolyDecay`
+    (W * n, T * n steps) to float32 rounding. Everything is `keras.ops` on the
+    step, so the rate is exact at every step in the compiled train step
+    (graph, XLA, JAX), whatever `steps_per_execution` is, and after a restore.
+
+    Args:
+        batch_schedule: `BatchSchedule` (or its config).
+        num_examples: int >= 1, N, training examples per epoch.
+        peak_learning_rate: float >= 0, p (at batch B_ref under "scale").
+        warmup_epochs: float >= 0, W.
+        total_epochs: float > 0, T >= W, where the rate reaches e.
+        power: float > 0, the decay's power.
+        end_learning_rate: float >= 0, e (at batch B_ref under "scale").
+        start_learning_rate: float >= 0, s0.
+        coupling: "grow" or "scale".
+        scaling_rule: "linear" or "sqrt" (used by "scale").
+        reference_batch_size: int >= 1, B_ref; None: the first phase's batch.
+        name: optional name.
+    """
+
+    def __init__(
+        self,
+        batch_schedule,
+        num_examples,
+        peak_learning_rate,
+        warmup_epochs,
+        total_epochs,
+        power=2.0,
+        end_learning_rate=1e-4,
+        start_learning_rate=0.0,
+        coupling="grow",
+        scaling_rule="linear",
+        reference_batch_size=None,
+        name="epoch_warmup_poly_decay",
+    ):
+        if isinstance(batch_schedule, dict):
+            batch_schedule = BatchSchedule.from_config(batch_schedule)
+        if not isinstance(batch_schedule, BatchSchedule):
+            raise ValueError(
+                f"`batch_schedule` must be a keras_lars.BatchSchedule, received {batch_schedule!r}."
+            )
+        self.batch_schedule = batch_schedule
+        self.num_examples = check_integer("num_examples", num_examples, at_least=1)
+        batch_schedule.steps_per_epoch(self.num_examples)  # every phase has a step
+        self.peak_learning_rate = check_number(
+            "peak_learning_rate", peak_learning_rate, at_least=0.0
+        )
+        self.warmup_epochs = check_number("warmup_epochs", warmup_epochs, at_least=0.0)
+        self.total_epochs = check_number("total_epochs", total_epochs, above=0.0)
+        if self.warmup_epochs > self.total_epochs:
+            raise ValueError(
+                f"`warmup_epochs` ({warmup_epochs}) must not exceed "
+                f"`total_epochs` ({total_epochs})."
+            )
+        self.power = check_number("power", power, above=0.0)
+        self.end_learning_rate = check_number("end_learning_rate", end_learning_rate, at_least=0.0)
+        self.start_learning_rate = check_number(
+            "start_learning_rate", start_learning_rate, at_least=0.0
+        )
+        if coupling not in COUPLINGS:
+            raise ValueError(f"`coupling` must be one of {COUPLINGS}, received {coupling!r}.")
+        if scaling_rule not in SCALING_RULES:
+            raise ValueError(
+                f"`scaling_rule` must be one of {SCALING_RULES}, received {scaling_rule!r}."
+            )
+        self.coupling, self.scaling_rule = coupling, scaling_rule
+        if reference_batch_size is not None:
+            reference_batch_size = check_integer(
+                "reference_batch_size", reference_batch_size, at_least=1
+            )
+        self.reference_batch_size = reference_batch_size
+        self.name = name
+
+    def batch_factors(self):
+        """The factor of each phase: 1 under "grow", else B_k / B_ref or its root."""
+        if self.coupling == "grow":
+            return tuple(1.0 for _ in self.batch_schedule.phases)
+        reference = self.reference_batch_size or self.batch_schedule.phases[0].global_batch_size
+        ratios = [p.global_batch_size / reference for p in self.batch_schedule.phases]
+        return tuple(math.sqrt(r) if self.scaling_rule == "sqrt" else r for r in ratios)
+
+    def __call__(self, step):
+        step = ops.cast(step, "float32")
+        schedule, examples = self.batch_schedule, self.num_examples
+        rate = warmup_poly_decay(
+            schedule.epochs_done(step, examples),
+            schedule.epochs_done(step + 1.0, examples),
+            self.warmup_epochs,
+            self.total_epochs,
+            self.peak_learning_rate,
+            self.end_learning_rate,
+            self.start_learning_rate,
+            self.power,
+        )
+        if self.coupling == "grow":
+            return rate
+        return rate * schedule.phase_value(step, self.batch_factors(), examples)
+
+    def get_config(self):
+        return {
+            "batch_schedule": self.batch_schedule.get_config(),
+            "num_examples": self.num_examples,
+            "peak_learning_rate": self.peak_learning_rate,
+            "warmup_epochs": self.warmup_epochs,
+            "total_epochs": self.total_epochs,
+            "power": self.power,
+            "end_learning_rate": self.end_learning_rate,
+            "start_learning_rate": self.start_learning_rate,
+            "coupling": self.coupling,
+            "scaling_rule": self.scaling_rule,
+            "reference_batch_size": self.reference_batch_size,
+            "name": self.name,
+        }
