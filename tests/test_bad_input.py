@@ -1,6 +1,7 @@
 """Bad input that used to end in a traceback or pass silently (issue 23,
 item 5): each must end in one line naming the culprit, with nothing lost."""
 
+import json
 import os
 
 import numpy as np
@@ -9,7 +10,10 @@ import pytest
 from keras_lars.tools import input_pipeline
 from keras_lars.tools import train
 from keras_lars.tools.train import model_dir as train_model_dir
+from tests import train_data
 from tests.test_distribute import _all_reduced
+from tests.test_train import fingerprint
+from tests.test_train import run_tool
 
 DIGITS = input_pipeline.DatasetInfo("digits", 1438, 359, 10)
 
@@ -183,3 +187,78 @@ def test_a_resumed_run_reports_its_own_throughput_not_the_checkpoints(tmp_path, 
     (final,) = [line for line in output.splitlines() if line.startswith("final:")]
     assert " images_per_second=none " in final, final
     assert "no epoch of this process was timed" in final, final
+
+
+# --- a model dir without config.json: the checkpoints' record of the run ----------------
+@pytest.fixture(scope="module")
+def lars_run(tmp_path_factory):
+    """train_data.short_run (LARS, 2 epochs of 1 step) in this process: its model_dir."""
+    model_dir = tmp_path_factory.mktemp("lars") / "run"
+    train_data.short_run(model_dir)
+    return model_dir
+
+
+def _without_config_json(lars_run, tmp_path, last_checkpoint=True):
+    """A copy of the run with config.json deleted (and its last checkpoint, unless kept)."""
+    import shutil
+
+    model_dir = tmp_path / "run"
+    shutil.copytree(lars_run, model_dir)
+    (model_dir / "config.json").unlink()
+    if not last_checkpoint:
+        for path in (model_dir / "checkpoints").glob("ckpt-0002*"):
+            path.unlink()
+    return model_dir
+
+
+def test_a_deleted_config_json_still_refuses_other_settings_naming_them(lars_run, tmp_path):
+    # Issue 23: this rerun resumed the LARS run's checkpoint with SGD, diverged
+    # (val_loss 2.2e7) and exited 0. Now the checkpoint's record refuses it.
+    model_dir = _without_config_json(lars_run, tmp_path)
+    before = fingerprint(model_dir)
+    flags = [f"--{k}={v}" for k, v in train_data.SHORT_RUN.items()]
+    process = run_tool([*flags, "--optimizer=sgd", "--momentum=0.5", f"--model_dir={model_dir}"])
+    assert process.returncode == 1, process.stderr[-3000:]
+    assert "Traceback" not in process.stderr
+    (line,) = [line for line in process.stderr.splitlines() if line.startswith("error:")]
+    assert line == (
+        f"error: --model_dir={model_dir} holds a run with other settings (--optimizer: "
+        "'lars' there, 'sgd' now, --momentum: 0.9 there, 0.5 now); resume it with its flags "
+        "or use another --model_dir."
+    )
+    assert "resuming" not in process.stdout
+    assert fingerprint(model_dir) == before  # byte for byte: nothing written, nothing lost
+
+
+def test_a_resumable_change_without_config_json_resumes_and_writes_it_again(
+    lars_run, tmp_path, capfd
+):
+    model_dir = _without_config_json(lars_run, tmp_path, last_checkpoint=False)
+    _, summary = train_data.short_run(model_dir, eval=False, log_every_seconds=5.0)
+    output = capfd.readouterr()
+    assert f"resuming {model_dir} after epoch 1" in output.out
+    assert "warning" not in output.err and "error" not in output.err
+    assert [h["epoch"] for h in summary["history"]] == [1, 2]
+    assert "val_loss" in summary["history"][0] and "val_loss" not in summary["history"][1]
+    # config.json is written again, with this run's settings (--noeval now).
+    saved = json.loads((model_dir / "config.json").read_text())
+    assert saved["eval"] is False and saved["optimizer"] == "lars"
+    state = json.loads((model_dir / "checkpoints" / "ckpt-0002.json").read_text())
+    assert state["settings"] == saved and state["layout"] == {"workers": 1, "replicas": 1}
+
+
+def test_a_checkpoint_without_the_record_resumes_as_before_saying_so(lars_run, tmp_path, capfd):
+    model_dir = _without_config_json(lars_run, tmp_path, last_checkpoint=False)
+    state_path = model_dir / "checkpoints" / "ckpt-0001.json"
+    state = json.loads(state_path.read_text())
+    assert state.pop("settings")["optimizer"] == "lars" and state.pop("layout")
+    state_path.write_text(json.dumps(state))  # as the versions before the record wrote it
+    _, summary = train_data.short_run(model_dir)
+    output = capfd.readouterr()
+    (line,) = [line for line in output.err.splitlines() if line.strip()]
+    assert line == (
+        f"warning: {model_dir / 'checkpoints' / 'ckpt-0001'}.json holds no record of its run's "
+        "settings (written by an earlier version); resuming it with the settings unchecked"
+    )
+    assert f"resuming {model_dir} after epoch 1" in output.out
+    assert summary["steps"] == 2

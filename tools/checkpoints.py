@@ -125,6 +125,21 @@ def problem(directory, epoch, step=0):
     return None
 
 
+def latest_state(directory):
+    """(stem, state) of the latest checkpoint whose state file reads as a
+    JSON object, whatever its weights; None when there is none. What a resume
+    checks its settings against before anything is built."""
+    for epoch, step in reversed(_positions(directory)):
+        state_path, _ = _paths(directory, epoch, step)
+        try:
+            state = storage.read_json(state_path)
+        except (ValueError, tf.errors.OpError):
+            continue
+        if isinstance(state, dict):
+            return stem(directory, epoch, step), state
+    return None
+
+
 def restore(model, directory):
     """Loads the latest usable checkpoint into `model` (whose optimizer is
     built here) and returns its state dict, or None if there is none. A

@@ -2,7 +2,9 @@
 and at the step a preemption asks for; then Preempted stops the run.
 
 The state of a checkpoint: {"epochs_done", "steps_done", "history",
-"seed_generators", and after a divergence "rate_factor", "rollbacks"}.
+"seed_generators", "settings" (config.json's record: a resume checks it when
+config.json is gone), "layout" (workers and replicas: model_dir.check_layout),
+and after a divergence "rate_factor", "rollbacks"}.
 """
 
 import sys
@@ -95,6 +97,8 @@ class Checkpointing(keras.callbacks.Callback):
         state = dict(self.state, epochs_done=epochs_done, steps_done=steps_done)
         state["seed_generators"] = callbacks.seed_generator_states(self.model)
         strategy = self.run.runtime.strategy
+        state[model_dir.SETTINGS] = self.run.record
+        state[model_dir.LAYOUT] = model_dir.layout(strategy)
         first = model_dir.write_config_once(self.config, self.run.record, strategy)
         directory = model_dir.checkpoint_dir(self.config.model_dir)
         try:

@@ -125,6 +125,9 @@ def _restore(run, rollback):
         model, schedule, state = build_at(state["rate_factor"])
     state.update(rollback or {})
     start, skip = state["epochs_done"], state.get("steps_done", 0)
+    directory = model_dir.checkpoint_dir(config.model_dir)
+    layout = model_dir.layout(run.runtime.strategy)
+    model_dir.check_layout(config, model, state, layout, checkpoints.stem(directory, start, skip))
     if start or skip:
         inside = f", step {skip} of epoch {start + 1}" if skip else ""
         print(f"resuming {config.model_dir} after epoch {start}{inside}", flush=True)

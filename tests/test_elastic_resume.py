@@ -1,0 +1,266 @@
+"""Elastic resume (issue 23, item 4): a run checkpointed on 2 workers resumes
+on 1 process with the same global batch, and the reverse, with real processes
+on localhost (--strategy=multi_worker, TF_CONFIG as in tests/test_train.py).
+
+A resume on another layout (workers, replicas) is exact only where a step does
+not depend on how the global batch is split (model_dir.check_layout): digits'
+global batches are the same for every split, and with --sync_batch_norm
+ResNet-18 computes nothing per replica. Then the resumed run ends as the
+uninterrupted runs on either layout, to float32 tolerance. Without
+--sync_batch_norm each replica normalizes its own half of the batch, and the
+resume is refused in one line naming both layouts, nothing lost.
+
+Every process runs with TF_ENABLE_ONEDNN_OPTS=0: oneDNN's CPU kernels round a
+batch of 128 differently from one of 256 (measured: 1e-4 apart after one
+step with them, 6e-6 without), which is the kernels' doing, not the layout's.
+"""
+
+import json
+import os
+import shutil
+import subprocess
+
+import keras
+import numpy as np
+import pytest
+
+from keras_lars.tools import checkpoints
+from keras_lars.tools import train
+from keras_lars.tools.benchmark_allreduce import free_ports
+from keras_lars.tools.train import model_dir as train_model_dir
+from tests.test_train import ROOT
+from tests.test_train import TIMEOUT
+from tests.test_train import fingerprint
+from tests.test_train import h5_arrays
+from tests.test_train import tool_command
+
+# Digits at 8x8, 5 steps of 256 an epoch, 2 epochs; a constant rate (LARS at
+# 0.1: at 1.0 its trust ratio amplifies rounding between any two layouts);
+# step checkpoints every 4 steps, so the last but one is mid-epoch 2 (step 3).
+SHARED = [
+    "--image_size=8",
+    "--global_batch_size=256",
+    "--train_epochs=2",
+    "--warmup_epochs=0",
+    "--base_learning_rate=0.1",
+    "--end_learning_rate=0.1",
+    "--lr_scaling=none",
+    "--checkpoint_every_steps=4",
+]
+SYNCED = [*SHARED, "--sync_batch_norm"]
+# One step, for the refusals: they come before any step of the rerun.
+UNSYNCED = ["--image_size=8", "--global_batch_size=1024", "--train_epochs=1", "--warmup_epochs=0"]
+# The resumed run ends as the uninterrupted run on its old layout: its last 2
+# steps ran on the new one (measured: 2e-5 and 1.1e-4 apart, TF 2.21). The
+# runs on the two layouts are 3.6e-3 apart after their 10 steps (LAYOUTS_ATOL):
+# the rounding of step 1 (1e-9) grows every step. Without --sync_batch_norm
+# they are 9e-2 apart; the 2 resumed steps move the variables by up to 0.58.
+RTOL, ATOL, LAYOUTS_ATOL = 1e-4, 5e-4, 1e-2
+LAST, RESUMED_FROM = "ckpt-0002", "ckpt-0001-000003"
+
+
+def _start(args, model_dir, workers):
+    """The tool on 1 process, or on `workers` > 1 workers of one TF_CONFIG."""
+    env = dict(
+        os.environ, TF_CPP_MIN_LOG_LEVEL="2", CUDA_VISIBLE_DEVICES="", TF_ENABLE_ONEDNN_OPTS="0"
+    )
+    streams = dict(cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    if workers == 1:
+        return [
+            subprocess.Popen(tool_command(*args, f"--model_dir={model_dir}"), env=env, **streams)
+        ]
+    cluster = {"worker": [f"localhost:{port}" for port in free_ports(workers)]}
+    return [
+        subprocess.Popen(
+            tool_command("--strategy=multi_worker", *args, f"--model_dir={model_dir}"),
+            env=dict(
+                env,
+                TF_CONFIG=json.dumps({"cluster": cluster, "task": {"type": "worker", "index": i}}),
+            ),
+            **streams,
+        )
+        for i in range(workers)
+    ]
+
+
+def _finish(processes):
+    """[(return code, stdout, stderr)] of each; kills what is left on a timeout."""
+    try:
+        outputs = [p.communicate(timeout=TIMEOUT) for p in processes]
+    finally:
+        for p in processes:
+            if p.poll() is None:
+                p.kill()
+    return [(p.returncode, out, err) for p, (out, err) in zip(processes, outputs)]
+
+
+def _train(args, model_dirs):
+    """Runs the tool in each {workers: model_dir} at once; every one must end 0."""
+    started = {
+        workers: _start(args, model_dir, workers) for workers, model_dir in model_dirs.items()
+    }
+    for workers, processes in started.items():
+        for code, _, err in _finish(processes):
+            assert code == 0, f"{workers} worker(s): {err[-3000:]}"
+
+
+@pytest.fixture(scope="module")
+def synced(tmp_path_factory):
+    """{workers: model_dir} of the uninterrupted --sync_batch_norm runs on 2 and 1."""
+    root = tmp_path_factory.mktemp("synced")
+    runs = {2: root / "two_workers", 1: root / "one_process"}
+    _train(SYNCED, runs)
+    return runs
+
+
+@pytest.fixture(scope="module")
+def unsynced(tmp_path_factory):
+    """{workers: model_dir} of one step without --sync_batch_norm on 2 and 1."""
+    root = tmp_path_factory.mktemp("unsynced")
+    runs = {2: root / "two_workers", 1: root / "one_process"}
+    _train(UNSYNCED, runs)
+    return runs
+
+
+def _stopped_copy(model_dir, tmp_path):
+    """A copy of the finished run as if stopped at its mid-epoch checkpoint."""
+    copy = tmp_path / "resumed"
+    shutil.copytree(model_dir, copy)
+    for path in [*(copy / "checkpoints").glob(f"{LAST}.*"), copy / "summary.json"]:
+        path.unlink()
+    assert checkpoints.saved(str(copy / "checkpoints"))[-1] == (1, 3)
+    return copy
+
+
+def _weights(model_dir, name=LAST):
+    return h5_arrays(model_dir / "checkpoints" / f"{name}.weights.h5")
+
+
+def _assert_close(actual, expected, atol):
+    assert actual.keys() == expected.keys() and len(actual) > 100
+    for name in actual:
+        np.testing.assert_allclose(actual[name], expected[name], RTOL, atol, err_msg=name)
+
+
+@pytest.mark.multiworker
+@pytest.mark.parametrize(
+    "before, after", [(2, 1), (1, 2)], ids=["2_workers_to_1", "1_to_2_workers"]
+)
+def test_a_synced_run_resumes_exactly_on_the_other_layout(synced, tmp_path, before, after):
+    copy = _stopped_copy(synced[before], tmp_path)
+    results = _finish(_start(SYNCED, copy, after))
+    assert [code for code, _, _ in results] == [0] * after, results[0][2][-3000:]
+    layouts = {1: "1 process of 1 replica", 2: "2 workers of 1 replica each"}
+    for _, out, _ in results:
+        assert (
+            f"the checkpoint {copy / 'checkpoints' / RESUMED_FROM} was written by "
+            f"{layouts[before]}; this run has {layouts[after]}: resuming it (the same "
+            "global batches, nothing computed per replica; only the rounding differs)"
+        ) in out
+        assert f"resuming {copy} after epoch 1, step 3 of epoch 2" in out
+    # It ends as the run on its old layout, within rounding of the new one's.
+    resumed, old = _weights(copy), _weights(synced[before])
+    _assert_close(resumed, old, ATOL)
+    _assert_close(resumed, _weights(synced[after]), LAYOUTS_ATOL)
+    # Its two steps moved the weights far beyond the tolerance.
+    start = _weights(copy, RESUMED_FROM)
+    assert max(np.abs(resumed[k] - start[k]).max() for k in resumed) > 100 * ATOL
+    summary = json.loads((copy / "summary.json").read_text())
+    whole = json.loads((synced[before] / "summary.json").read_text())
+    assert [(h["epoch"], h["steps"]) for h in summary["history"]] == [(1, 5), (2, 10)]
+    assert summary["history"][0] == whole["history"][0]  # the epoch of the old layout
+    # The training metrics of epoch 2 average the steps this process ran.
+    for key, within in {"val_loss": 1e-3, "val_accuracy": 0.003, "learning_rate": 0}.items():
+        assert summary["final"][key] == pytest.approx(whole["final"][key], abs=within), key
+    state = json.loads((copy / "checkpoints" / f"{LAST}.json").read_text())
+    assert state["layout"] == {"workers": after, "replicas": after}
+
+
+@pytest.mark.multiworker
+@pytest.mark.parametrize(
+    "before, after", [(2, 1), (1, 2)], ids=["2_workers_to_1", "1_to_2_workers"]
+)
+def test_an_unsynced_run_on_the_other_layout_is_refused_naming_both(
+    unsynced, tmp_path, before, after
+):
+    copy = tmp_path / "rerun"
+    shutil.copytree(unsynced[before], copy)
+    files = fingerprint(copy)
+    results = _finish(_start(UNSYNCED, copy, after))
+    layouts = {1: "1 process of 1 replica", 2: "2 workers of 1 replica each"}
+    expected = (
+        f"error: --model_dir={copy}: the checkpoint {copy / 'checkpoints' / 'ckpt-0001'} was "
+        f"written by {layouts[before]}; this run has {layouts[after]}: batch-norm statistics "
+        "are per replica (--nosync_batch_norm), so it would not resume the same run; resume it "
+        f"on {layouts[before]}, or use another --model_dir."
+    )
+    for code, out, err in results:
+        assert code == 1, err[-3000:]
+        assert [line for line in err.splitlines() if line.startswith("error:")] == [expected]
+        assert "Traceback" not in err and "resuming" not in out
+    assert fingerprint(copy) == files  # byte for byte: nothing written, nothing lost
+
+
+def _model(*layers):
+    return keras.Sequential([keras.Input((4,)), keras.layers.Dense(4), *layers])
+
+
+@pytest.mark.parametrize(
+    "settings, layers, reason",
+    [
+        (
+            dict(dataset="imagenet", data_dir="gs://b/d", sync_batch_norm=True),
+            "synced",
+            "--dataset=imagenet makes other global batches for another split",
+        ),
+        (dict(), "unsynced", "batch-norm statistics are per replica (--nosync_batch_norm)"),
+        (dict(model="alexnet"), "dropout", "--model=alexnet draws its dropout masks per replica"),
+        (
+            dict(sync_batch_norm=True, allreduce_dtype="bfloat16"),
+            "synced",
+            "--allreduce_dtype=bfloat16 rounds the sum of several replicas only",
+        ),
+        (
+            dict(sync_batch_norm=True, backend="jax"),
+            "synced",
+            "resuming on another layout is verified on --backend=tensorflow only",
+        ),
+    ],
+)
+def test_each_way_a_step_depends_on_the_split_refuses_another_layout(
+    tmp_path, settings, layers, reason
+):
+    kinds = {
+        "synced": [keras.layers.BatchNormalization(synchronized=True)],
+        "unsynced": [keras.layers.BatchNormalization()],
+        "dropout": [keras.layers.Dropout(0.5)],
+    }
+    config = train.Config(model_dir=str(tmp_path), **settings)
+    model = _model(*kinds[layers])
+    state = {"layout": {"workers": 2, "replicas": 4}}
+    who = "processes" if config.backend == "jax" else "workers"
+    with pytest.raises(train.ConfigError) as raised:
+        train_model_dir.check_layout(
+            config, model, state, {"workers": 1, "replicas": 1}, "ckpt-0001"
+        )
+    assert str(raised.value) == (
+        f"--model_dir={tmp_path}: the checkpoint ckpt-0001 was written by 2 {who} of 2 "
+        f"replicas each; this run has 1 process of 1 replica: {reason}, so it would not "
+        f"resume the same run; resume it on 2 {who} of 2 replicas each, or use another "
+        "--model_dir."
+    )
+    # The layout that wrote it, or a state of an earlier version: no check.
+    for same in (state, {}):
+        train_model_dir.check_layout(config, model, same, state["layout"], "ckpt-0001")
+
+
+def test_a_split_free_step_resumes_on_another_layout_saying_so(tmp_path, capsys):
+    config = train.Config(model_dir=str(tmp_path), sync_batch_norm=True)
+    model = _model(keras.layers.BatchNormalization(synchronized=True), keras.layers.Dropout(0))
+    state = {"layout": {"workers": 1, "replicas": 2}}
+    train_model_dir.check_layout(config, model, state, {"workers": 4, "replicas": 4}, "ckpt-0003")
+    assert capsys.readouterr().out == (
+        "the checkpoint ckpt-0003 was written by 1 process of 2 replicas; this run has 4 "
+        "workers of 1 replica each: resuming it (the same global batches, nothing "
+        "computed per replica; only the rounding differs)\n"
+    )
