@@ -171,6 +171,72 @@ def test_batch_norm_patch_leaves_synchronized_and_single_replica_layers_alone(re
         np.testing.assert_array_equal(a, b)
 
 
+# --- sync_batch_norm_variance ------------------------------------------------
+def _synchronized_batch_variance(strategy, x):
+    """The variance a BatchNormalization(synchronized=True) measures on the
+    global batch `x` in one training step (momentum 0: the moving variance
+    is the batch's)."""
+    with strategy.scope():
+        model = keras.Sequential(
+            [
+                keras.Input(x.shape[1:]),
+                keras.layers.BatchNormalization(momentum=0.0, synchronized=True),
+            ]
+        )
+        model.compile(optimizer=keras.optimizers.SGD(0.0), loss="mse")
+    model.fit(x, np.zeros_like(x), batch_size=len(x), epochs=1, shuffle=False, verbose=0)
+    return model.layers[0].moving_variance.numpy()
+
+
+@pytest.mark.parametrize("replicas", [1, 2])
+def test_synchronized_batch_norm_variance_is_two_pass(restore_compat, replicas):
+    # |mean| >> std: E[x^2] - E[x]^2 keeps no correct digit in float32
+    # (E[x^2] ~ 1e4 has an ulp of 2^-10 against a variance of ~1e-4).
+    x = (100.0 + 0.01 * np.random.default_rng(0).normal(size=(16, 3))).astype("float32")
+    reference = x.astype("float64").var(axis=0)  # two passes, float64
+    strategy = tf.distribute.MirroredStrategy(CPUS[:replicas])
+    with compat.unpatched(["sync_batch_norm_variance"]):
+        one_pass = _synchronized_batch_variance(strategy, x)
+    assert np.all(np.abs(one_pass - reference) > 0.5 * reference)  # Keras's own code
+    two_pass = _synchronized_batch_variance(strategy, x)
+    np.testing.assert_allclose(two_pass, reference, rtol=1e-5)
+
+
+def test_synchronized_batch_norm_trains_on_two_replicas_as_on_one(restore_compat):
+    """A step of a synchronized batch norm model on 2 replicas equals the
+    step on one device with the whole batch (gradients through the two-pass
+    statistics and the all-reduces included)."""
+    rng = np.random.default_rng(1)
+    x = (30.0 + 0.1 * rng.normal(size=(16, 4, 4, 2))).astype("float32")
+    y = rng.integers(0, 2, size=16).astype("int32")
+
+    def step(strategy):
+        with strategy.scope():
+            keras.utils.set_random_seed(0)
+            model = keras.Sequential(
+                [
+                    keras.Input((4, 4, 2)),
+                    keras.layers.BatchNormalization(synchronized=True),
+                    keras.layers.Conv2D(3, 3),
+                    keras.layers.GlobalAveragePooling2D(),
+                    keras.layers.Dense(2),
+                ]
+            )
+            model.compile(
+                optimizer=keras.optimizers.SGD(0.5),
+                loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+            )
+        model.fit(x, y, batch_size=16, epochs=2, shuffle=False, verbose=0)
+        return model.get_weights()
+
+    for two, one in zip(
+        step(tf.distribute.MirroredStrategy(CPUS)), step(tf.distribute.get_strategy())
+    ):
+        # The sums' order still differs (the mean's rounding, amplified by
+        # 1/std = 10): 1.3e-5 apart; Keras's one pass: 3e-3.
+        np.testing.assert_allclose(two, one, rtol=0, atol=1e-4)
+
+
 # --- iterations_after_data ---------------------------------------------------
 BATCHES = 5  # per epoch
 DATA_EPOCHS = 3
@@ -234,13 +300,15 @@ def test_iterations_count_the_steps_run_at_the_end_of_unknown_cardinality(
         np.testing.assert_array_equal(a, b)
 
 
-def test_both_workarounds_are_undone_exactly():
+def test_the_workarounds_are_undone_exactly():
+    from keras.src.backend.tensorflow import nn
     from keras.src.backend.tensorflow.trainer import TensorFlowTrainer
 
     bn = keras.layers.BatchNormalization
-    names = ["mean_batch_norm_statistics", "iterations_after_data"]
+    names = ["mean_batch_norm_statistics", "iterations_after_data", "sync_batch_norm_variance"]
     with compat.unpatched(names):
         originals = (
+            nn._compute_moments_sync,
             bn.build,
             TensorFlowTrainer.make_train_function,
             TensorFlowTrainer.evaluate,
@@ -248,6 +316,7 @@ def test_both_workarounds_are_undone_exactly():
         )
         with compat.patched(names):
             patched = (
+                nn._compute_moments_sync,
                 bn.build,
                 TensorFlowTrainer.make_train_function,
                 TensorFlowTrainer.evaluate,
@@ -255,6 +324,7 @@ def test_both_workarounds_are_undone_exactly():
             )
             assert all(p is not o for p, o in zip(patched, originals))
         assert (
+            nn._compute_moments_sync,
             bn.build,
             TensorFlowTrainer.make_train_function,
             TensorFlowTrainer.evaluate,

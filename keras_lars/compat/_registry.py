@@ -19,6 +19,7 @@ from keras_lars.compat import multi_worker_metrics
 from keras_lars.compat import on_read_metric_variables
 from keras_lars.compat import steps_per_execution_loop
 from keras_lars.compat import symbolic_build_batch
+from keras_lars.compat import sync_batch_norm_variance
 from keras_lars.compat._workaround import CompatWarning
 
 _LOG = logging.getLogger("keras_lars")
@@ -32,6 +33,7 @@ WORKAROUNDS = (
     distinct_collective_keys.WORKAROUND,
     mean_batch_norm_statistics.WORKAROUND,
     iterations_after_data.WORKAROUND,
+    sync_batch_norm_variance.WORKAROUND,
 )
 _BY_NAME = {w.name: w for w in WORKAROUNDS}
 
