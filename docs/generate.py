@@ -31,7 +31,8 @@ def flags_page():
         (
             "keras-lars-train",
             "python -m keras_lars.tools.train",
-            "Trains (or resumes) one run; see [the training tool](training-tool.md).",
+            "Trains (or resumes) one run; see [the training tool](training-tool.md) and, for "
+            "clusters, [launchers](launchers.md).",
             [settings.markdown_table(train.Config)],
         ),
         (

@@ -18,13 +18,12 @@ workers of one job do not write the same files.
 import json
 import os
 import shutil
-import socket
 import tempfile
-import time
 
 import keras
 
 from keras_lars import compat
+from keras_lars import rendezvous
 
 KINDS = ("auto", "tpu", "multi_worker", "mirrored", "one_device", "default")
 COLLECTIVE_IMPLEMENTATIONS = ("auto", "ring", "nccl")
@@ -261,80 +260,59 @@ def all_reduce_in(dtype, all_reduce_sum, grads_and_vars):
     return result
 
 
-def wait_for_workers(timeout_seconds, log=print, report_every_seconds=30.0, stop=None):
-    """Waits until every chief/worker task of TF_CONFIG accepts connections.
+def wait_for_workers(
+    timeout_seconds, log=print, report_every_seconds=30.0, stop=None, settings=None
+):
+    """Waits until every chief/worker task of TF_CONFIG has started and shares
+    `settings`: the start-up handshake of `keras_lars.rendezvous`.
 
     MultiWorkerMirroredStrategy's start waits for its peers inside TensorFlow,
-    silently, forever, and deaf to SIGINT and SIGTERM. Call this first: while
-    it waits, it listens on this task's own address (so that peers see it,
-    and then TensorFlow's server on the same port), logs which tasks are
-    missing every `report_every_seconds`, and stays interruptible.
+    silently, forever, deaf to SIGINT and SIGTERM, and takes any program
+    listening on a peer's address for the peer. Call this first: the chief
+    (the "chief" task, else worker 0) listens on its TF_CONFIG address and
+    admits each other task that proves it belongs to this cluster (a hello
+    with the cluster, the task and `settings`, signed with
+    $KERAS_LARS_RUN_SECRET if set); the others reserve their own address and
+    meet the chief. Every `report_every_seconds` it logs which tasks are
+    missing; it stays interruptible. Then TensorFlow's servers start on the
+    same ports.
 
     Args:
         timeout_seconds: float > 0: raise TimeoutError after that long.
-        log: called with each "waiting for ..." line.
+        log: called with each "waiting for ..." line and each ignored
+            connection.
         report_every_seconds: float > 0, the interval of those lines.
         stop: None or a callable returning a reason (e.g. a signal name) to
             give up: then InterruptedError.
-    Returns the number of tasks waited for (0 for a cluster of one).
+        settings: None or {name: value} (JSON-able) every task must share:
+            else `keras_lars.rendezvous.HandshakeError` (a ValueError) naming
+            the settings that differ and which task holds which value.
+    Returns the number of tasks waited for (0 for a cluster of one). Raises
+    OSError naming this task's address if another program holds it.
     """
-    if not timeout_seconds > 0:
-        raise ValueError(f"`timeout_seconds` must be > 0, received {timeout_seconds!r}.")
     config = parse_tf_config()
     cluster, task = config["cluster"], config["task"]
-    own = cluster[task["type"]][task["index"]]
-    missing = {
-        f"{job} {index} ({address})": address
-        for job in ("chief", "worker")
-        for index, address in enumerate(cluster.get(job, []))
-        if address != own
+    jobs = {job: cluster[job] for job in ("chief", "worker") if cluster.get(job)}
+    addresses = {
+        (job, i): address for job, hosts in jobs.items() for i, address in enumerate(hosts)
     }
-    total = len(missing)
-    if not total:
+    me = (task["type"], task["index"])
+    if me not in addresses:  # e.g. an evaluator: it joins no collective
         return 0
-    listener = socket.socket()
-    listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    try:
-        listener.bind(("", int(own.rpartition(":")[2])))
-    except OSError as error:
-        listener.close()
-        raise OSError(f"cannot listen on this task's TF_CONFIG address {own}: {error}") from None
-    listener.listen(64)  # peers' probes wait in the backlog, never accepted
-    started = reported = time.monotonic()
-    try:
-        while True:
-            missing = {k: a for k, a in missing.items() if not _accepts(a)}
-            if not missing:
-                return total
-            waited = time.monotonic() - started
-            reason = stop() if stop else None
-            if reason:
-                raise InterruptedError(
-                    f"stopped by {reason} while waiting for {_tasks(missing, total)}"
-                )
-            if waited >= timeout_seconds:
-                raise TimeoutError(
-                    f"{_tasks(missing, total)} did not start within {timeout_seconds:g} s"
-                )
-            if time.monotonic() - reported >= report_every_seconds:
-                reported = time.monotonic()
-                log(f"waiting for {_tasks(missing, total)} ({waited:.0f} of {timeout_seconds:g} s)")
-            time.sleep(0.5)
-    finally:
-        listener.close()
-
-
-def _accepts(address):
-    host, _, port = address.rpartition(":")
-    try:
-        socket.create_connection((host.strip("[]"), int(port)), timeout=2).close()
-        return True
-    except OSError:
-        return False
-
-
-def _tasks(missing, total):
-    return f"{len(missing)} of the {total} other tasks of TF_CONFIG: {', '.join(missing)}"
+    return rendezvous.meet(
+        me,
+        {t: f"{t[0]} {t[1]} ({address})" for t, address in addresses.items()},
+        next(iter(addresses.values())),  # the chief's, else worker 0's
+        timeout_seconds,
+        run={"cluster": jobs},
+        settings=settings,
+        own_address=addresses[me],
+        addresses=addresses,
+        others="other tasks of TF_CONFIG",
+        log=log,
+        report_every_seconds=report_every_seconds,
+        stop=stop,
+    )
 
 
 def _tpu_strategy(tf, tpu_address):

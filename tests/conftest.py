@@ -82,6 +82,8 @@ _LIBRARY_STARTERS = (
     ("keras_lars.tools.benchmark_allreduce", "measure"),
     ("keras_lars.tools.benchmark_optimizers", "measure_jax"),
     ("keras_lars.tools.benchmark_optimizers", "main"),
+    ("keras_lars.tools.train.runtime", "bounded_start"),  # its watchdog process
+    ("keras_lars.tools.train.runtime_jax", "start_processes"),  # through bounded_start
 )
 # Library functions that train a whole run (or several) in this process.
 _LIBRARY_TRAINING = (
@@ -146,11 +148,21 @@ def _references(function):
         return
     namespace = function.__globals__
     for part in _codes(code):
-        current = None
+        current, importing, imported = None, None, {}  # imported: local name -> its object
         for instruction in dis.get_instructions(part):
             if instruction.opname in _LOADS:
                 name = instruction.argval
                 current = namespace.get(name, getattr(builtins, name, None))
+            elif instruction.opname.startswith("LOAD_FAST"):
+                current = imported.get(instruction.argval)
+            elif instruction.opname == "IMPORT_FROM" and importing is not None:
+                # `from package import module, name` in a function
+                name = f"{importing.__name__}.{instruction.argval}"
+                current = sys.modules.get(name) or getattr(importing, instruction.argval, None)
+            elif instruction.opname == "STORE_FAST" and current is not None:
+                imported[instruction.argval] = current
+                current = None
+                continue
             elif instruction.opname in _ATTRIBUTES and isinstance(
                 current, (types.ModuleType, type)
             ):
@@ -161,7 +173,7 @@ def _references(function):
             elif instruction.opname in _ATTRIBUTES:
                 current = None  # an instance's attribute: not followed
             elif instruction.opname == "IMPORT_NAME":
-                current = sys.modules.get(instruction.argval)
+                current = importing = sys.modules.get(instruction.argval)
             else:
                 current = None
                 continue

@@ -13,6 +13,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 
 import keras
@@ -23,6 +24,7 @@ import tensorflow as tf
 import keras_lars
 from keras_lars import compat
 from keras_lars import distribute
+from keras_lars import rendezvous
 from keras_lars.tools.benchmark_allreduce import free_ports
 from tests import multiworker_worker as worker
 
@@ -611,16 +613,58 @@ def _two_task_config(monkeypatch, own_port, peer_port):
     )
 
 
-def test_wait_for_workers_returns_once_every_peer_listens(monkeypatch):
+def _chief_meets(own_port, peer_port, outcome, settings=None):
+    """Chief 0 of _two_task_config's cluster, in a thread: its result (or
+    error) goes to `outcome`."""
+    cluster = {"chief": [f"localhost:{peer_port}"], "worker": [f"localhost:{own_port}"]}
+    tasks = {("chief", 0): "chief 0", ("worker", 0): "worker 0"}
+
+    def meet():
+        try:
+            outcome.append(
+                rendezvous.meet(
+                    ("chief", 0),
+                    tasks,
+                    f"localhost:{peer_port}",
+                    60,
+                    run={"cluster": cluster},
+                    settings=settings,
+                )
+            )
+        except Exception as error:
+            outcome.append(error)
+
+    thread = threading.Thread(target=meet)
+    thread.start()
+    return thread
+
+
+def test_wait_for_workers_returns_once_the_chief_admits_this_task(monkeypatch):
     own, peer = free_ports(2)
     _two_task_config(monkeypatch, own, peer)
-    with socket.socket() as listener:
-        listener.bind(("localhost", peer))
-        listener.listen(1)
-        assert keras_lars.distribute.wait_for_workers(10) == 1
-    # Meanwhile this task listened on its own port; now it is free for TensorFlow.
+    outcome = []
+    chief = _chief_meets(own, peer, outcome, settings={"--seed": 1})
+    assert keras_lars.distribute.wait_for_workers(60, settings={"--seed": 1}) == 1
+    chief.join()
+    assert outcome == [1]
+    # Meanwhile this task held its own port; now it is free for TensorFlow.
     with socket.socket() as again:
         again.bind(("localhost", own))
+
+
+def test_wait_for_workers_names_the_settings_that_differ(monkeypatch):
+    own, peer = free_ports(2)
+    _two_task_config(monkeypatch, own, peer)
+    outcome = []
+    chief = _chief_meets(own, peer, outcome, settings={"--seed": 1, "--model": "resnet18"})
+    differ = "settings differ: --seed: 1 on chief 0, 2 on worker 0"
+    with pytest.raises(
+        rendezvous.HandshakeError,
+        match=rf"^chief 0 \(localhost:{peer}\) refused worker 0: {differ}$",
+    ):
+        keras_lars.distribute.wait_for_workers(60, settings={"--seed": 2, "--model": "resnet18"})
+    chief.join()
+    assert isinstance(outcome[0], rendezvous.HandshakeError) and str(outcome[0]) == differ
 
 
 def test_wait_for_workers_logs_the_missing_task_and_times_out(monkeypatch):
@@ -629,21 +673,18 @@ def test_wait_for_workers_logs_the_missing_task_and_times_out(monkeypatch):
     lines = []
     started = time.monotonic()
     with pytest.raises(
-        TimeoutError, match=rf"chief 0 \(localhost:{peer}\) did not start within 1.5 s"
+        TimeoutError, match=rf"^chief 0 \(localhost:{peer}\) did not start within 1.5 s$"
     ):
         keras_lars.distribute.wait_for_workers(1.5, log=lines.append, report_every_seconds=0.5)
     assert 1.5 <= time.monotonic() - started < 6
     assert lines and all(
-        line.startswith(
-            f"waiting for 1 of the 1 other tasks of TF_CONFIG: chief 0 (localhost:{peer})"
-        )
-        for line in lines
+        line.startswith(f"waiting for chief 0 (localhost:{peer}) (") for line in lines
     )
 
 
 def test_wait_for_workers_stops_when_asked(monkeypatch):
     _two_task_config(monkeypatch, *free_ports(2))
-    with pytest.raises(InterruptedError, match="stopped by SIGTERM while waiting for 1 of"):
+    with pytest.raises(InterruptedError, match="stopped by SIGTERM while waiting for chief 0"):
         keras_lars.distribute.wait_for_workers(60, stop=lambda: "SIGTERM")
 
 
@@ -653,17 +694,19 @@ def test_wait_for_workers_names_a_taken_own_address(monkeypatch):
     with socket.socket() as taken:
         taken.bind(("", own))
         taken.listen(1)
-        with pytest.raises(
-            OSError, match=f"cannot listen on this task's TF_CONFIG address localhost:{own}"
-        ):
+        with pytest.raises(OSError, match=f"cannot listen on this task's address localhost:{own}"):
             keras_lars.distribute.wait_for_workers(5)
 
 
 def test_wait_for_workers_alone_or_with_a_bad_timeout(monkeypatch):
+    (port,) = free_ports(1)
     monkeypatch.setenv(
         "TF_CONFIG",
         json.dumps(
-            {"cluster": {"worker": ["localhost:1"]}, "task": {"type": "worker", "index": 0}}
+            {
+                "cluster": {"worker": [f"localhost:{port}"]},
+                "task": {"type": "worker", "index": 0},
+            }
         ),
     )
     assert keras_lars.distribute.wait_for_workers(1) == 0

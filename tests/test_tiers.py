@@ -34,6 +34,18 @@ def uses_a_class():
 
 def pure():
     return len("no process")
+
+
+def imports_a_starter_locally():
+    from keras_lars.tools.train import runtime_jax
+
+    return runtime_jax.start_processes
+
+
+def imports_a_harmless_name_locally():
+    from keras_lars.tools.train import runtime_jax
+
+    return runtime_jax.Devices
 """
 
 
@@ -56,6 +68,12 @@ def test_a_process_start_is_found_through_the_functions_and_classes_of_tests():
         "subprocess",
     ]
     assert reach.find(sample["pure"]) is None
+    # `from package import module` inside the function, then `module.starter`
+    assert reach.find(sample["imports_a_starter_locally"]) == [
+        "imports_a_starter_locally",
+        "start_processes",
+    ]
+    assert reach.find(sample["imports_a_harmless_name_locally"]) is None
     # A helper that bounds its run is not read: what it reaches does not count.
     opaque = conftest._Reach(conftest.PROCESS_STARTERS, opaque=[sample["through_a_helper"]])
     assert opaque.find(sample["uses_a_class"]) is None

@@ -28,13 +28,20 @@ class ConfigError(ValueError):
     """A bad setting; the message names the flag and its value."""
 
 
-def setting(default, help, *, choices=(), check=None, resumable=False):
+def setting(default, help, *, choices=(), check=None, resumable=False, per_process=False):
     """A dataclass field declaring one setting (see the module docstring).
     `resumable`: the setting may differ when a run is resumed (where it
-    runs, not what it computes)."""
+    runs, not what it computes). `per_process`: the processes (workers) of
+    one run may differ in it; every other setting they must share."""
     return dataclasses.field(
         default=default,
-        metadata={"help": help, "choices": tuple(choices), "check": check, "resumable": resumable},
+        metadata={
+            "help": help,
+            "choices": tuple(choices),
+            "check": check,
+            "resumable": resumable,
+            "per_process": per_process,
+        },
     )
 
 

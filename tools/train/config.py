@@ -22,6 +22,8 @@ from keras_lars.tools.settings import greater_than
 from keras_lars.tools.settings import in_interval
 from keras_lars.tools.settings import one_of
 from keras_lars.tools.settings import setting
+from keras_lars.tools.train.cluster import CLUSTERS
+from keras_lars.tools.train.cluster import PORTS_PER_JOB
 
 MODELS = models.BUILDERS
 OPTIMIZERS = ("lars", "lamb", "sgd", "nesterov")
@@ -65,6 +67,15 @@ def _end_rate(value, config):
             f"--global_batch_size={config.global_batch_size})"
         )
     return problem
+
+
+def _cluster_check(value, config):
+    """--cluster other than auto: multi-worker TensorFlow, or SLURM's JAX processes."""
+    if value == "auto" or (config.backend == "tensorflow" and config.strategy == "multi_worker"):
+        return None
+    if config.backend == "jax":
+        return None if value == "slurm" else "needs --backend=tensorflow --strategy=multi_worker"
+    return f"needs --strategy=multi_worker, not --strategy={config.strategy}"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -189,6 +200,7 @@ class Config:
         "--backend=jax with several processes: host:port of process 0 (jax.distributed); "
         "default: $JAX_COORDINATOR_ADDRESS.",
         resumable=True,
+        per_process=True,
     )
     num_processes: int = setting(
         1,
@@ -213,6 +225,7 @@ class Config:
             "must be in [0, --num_processes)",
         ),
         resumable=True,
+        per_process=True,
     )
     allreduce_dtype: str = setting(
         "float32",
@@ -295,6 +308,28 @@ class Config:
         "every that many seconds; 0: a line per epoch only.",
         check=at_least(0),
         resumable=True,
+        per_process=True,
+    )
+    cluster: str = setting(
+        "auto",
+        "Where the other workers are (tools/train/cluster.py, docs/launchers.md): tf_config: "
+        "TF_CONFIG (by hand, Kubeflow, Vertex AI; a chief task writes the model dir); slurm: the "
+        "tasks of this srun step (TensorFlow's SlurmClusterResolver; on --backend=jax, the "
+        "processes as jax.distributed detects them); auto: TF_CONFIG if set, else SLURM.",
+        choices=CLUSTERS,
+        check=_cluster_check,
+        resumable=True,
+        per_process=True,
+    )
+    cluster_port_base: int = setting(
+        0,
+        "--cluster=slurm on TensorFlow: the first port of the tasks on each node (a task "
+        "listens on it plus its index on the node); 0: 12000 + 16 * (SLURM_JOB_ID mod 1250).",
+        check=_needs(
+            lambda value, c: value == 0 or 1024 <= value <= 65535 - PORTS_PER_JOB,
+            f"must be 0 or in [1024, {65535 - PORTS_PER_JOB}]",
+        ),
+        resumable=True,
     )
     worker_start_timeout_minutes: float = setting(
         10.0,
@@ -302,6 +337,7 @@ class Config:
         "(a 'waiting for' line every 30 s; SIGTERM/Ctrl-C stop the wait).",
         check=greater_than(0),
         resumable=True,
+        per_process=True,
     )
     steps_per_execution: int = setting(
         1, "Steps per compiled call (large on TPUs).", check=at_least(1), resumable=True

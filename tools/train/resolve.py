@@ -1,4 +1,5 @@
-"""From flag values to a Config: --recipe and, on JAX, the processes' environment.
+"""From flag values to a Config: --recipe and, on JAX, the processes' environment
+(JAX_ENVIRONMENT's variables; with --cluster=slurm, SLURM's: cluster.py).
 
 A flag given on the command line always wins over the recipe and over the
 environment; `recipe_line` says which settings --recipe set and which it left
@@ -11,6 +12,7 @@ import keras
 
 import keras_lars
 from keras_lars.tools.settings import ConfigError
+from keras_lars.tools.train import cluster
 from keras_lars.tools.train.config import Config
 
 # On JAX, the processes' settings not given as flags come from these variables.
@@ -30,6 +32,11 @@ def config_from_flags(values, given=(), log=None):
     value_of = lambda name: values.get(name, getattr(Config, name))  # noqa: E731
     if (value_of("backend") or keras.backend.backend()) == "jax":
         values.update(_from_environment(given))
+        if value_of("cluster") == "slurm":  # the processes as JAX detects them under SLURM
+            found = cluster.slurm_processes()
+            values.update({name: value for name, value in found.items() if name not in given})
+            if log:
+                log("--cluster=slurm: " + " ".join(f"--{k}={value_of(k)}" for k in found))
     recipe = recipe_settings(
         value_of("recipe"), value_of("optimizer"), value_of("global_batch_size")
     )

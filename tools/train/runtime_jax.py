@@ -26,8 +26,6 @@ process stops all of them at one step (JAX's preemption sync point).
 import contextlib
 import inspect
 import re
-import socket
-import time
 import types
 
 import jax
@@ -35,9 +33,12 @@ import keras
 import tensorflow as tf
 
 from keras_lars import _internals
+from keras_lars import rendezvous
 from keras_lars.tools.settings import ConfigError
 from keras_lars.tools.train.preemption import NoClusterPreemption
 from keras_lars.tools.train.preemption import Preempted
+from keras_lars.tools.train.runtime import bounded_start
+from keras_lars.tools.train.runtime import shared_settings
 
 
 class JaxRuntime:
@@ -59,6 +60,8 @@ class JaxRuntime:
         try:
             with preemption.handling(action="stopping the wait for the other processes"):
                 meet_processes(self.config, stop=lambda: preemption.signal)
+                if preemption.signal:  # received as the wait ended
+                    raise InterruptedError(f"stopped by {preemption.signal} as the processes met")
         except InterruptedError as error:
             raise Preempted(f"{error}; nothing was trained; run the same command") from None
         start_processes(self.config)
@@ -101,6 +104,7 @@ def meet_processes(config, stop=lambda: False):
     missing at its deadline. `stop()` true ends the wait (InterruptedError)."""
     if config.num_processes <= 1:
         return
+    processes = f"--num_processes={config.num_processes} --process_id={config.process_id}"
     try:
         wait_for_processes(
             config.coordinator_address,
@@ -109,11 +113,13 @@ def meet_processes(config, stop=lambda: False):
             60 * config.worker_start_timeout_minutes,
             log=lambda line: print(line, flush=True),
             stop=stop,
+            settings=shared_settings(config),
         )
+    except rendezvous.HandshakeError as error:
+        raise ConfigError(f"{processes}: {error}") from None
     except (TimeoutError, OSError, ValueError) as error:
         raise ConfigError(
-            f"--coordinator_address={config.coordinator_address} "
-            f"--num_processes={config.num_processes} --process_id={config.process_id}: "
+            f"--coordinator_address={config.coordinator_address} {processes}: "
             "cannot join the other processes within "
             f"--worker_start_timeout_minutes={config.worker_start_timeout_minutes:g}: {error}"
         ) from None
@@ -128,7 +134,8 @@ def start_processes(config):
         tf.config.set_visible_devices([], "GPU")
     if config.num_processes == 1:
         return
-    timeout = max(int(60 * config.worker_start_timeout_minutes), 1)
+    # JAX aborts the process at its own deadline: bounded_start's comes first.
+    timeout = int(60 * config.worker_start_timeout_minutes) + 30
     arguments = {"initialization_timeout": timeout}
     if config.num_processes > 1:
         arguments.update(
@@ -137,7 +144,8 @@ def start_processes(config):
             process_id=config.process_id,
         )
     try:
-        jax.distributed.initialize(**arguments)
+        with bounded_start(config, "jax.distributed", "processes", "a process"):
+            jax.distributed.initialize(**arguments)
     except ValueError as error:
         if config.num_processes != 0:
             raise
@@ -157,54 +165,27 @@ _UNDETECTED = (
 )
 
 
-def wait_for_processes(address, processes, process_id, timeout_seconds, log, stop=lambda: False):
-    """Returns once all `processes` have started, before jax.distributed
-    starts. Process 0 listens on `address` (host:port, the coordinator's)
-    and answers once every other process has connected and said its id; the
-    others connect (retrying) and wait for that answer. Logs who is missing
-    every 30 s; TimeoutError names them; InterruptedError once `stop()`."""
-    host, _, port = address.rpartition(":")
-    if not host or not port.isdigit():
-        raise ValueError(f"{address!r} is not host:port")
-    started = reported = time.monotonic()
-    deadline = started + timeout_seconds
-
-    def tick(missing):
-        nonlocal reported
-        if stop():
-            raise InterruptedError("stopped while waiting for the other processes")
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"{missing} did not start within {timeout_seconds:g} s")
-        if time.monotonic() - reported >= 30:
-            reported = time.monotonic()
-            log(f"waiting for {missing} ({reported - started:.0f} of {timeout_seconds:g} s)")
-
-    if process_id == 0:
-        arrived = {}
-        with socket.create_server(("", int(port))) as server:
-            server.settimeout(0.5)
-            while len(arrived) < processes - 1:
-                missing = sorted(set(range(1, processes)) - set(arrived))
-                names = "process" + ("es " if len(missing) > 1 else " ")
-                tick(f"{names}{', '.join(map(str, missing))} at {address}")
-                with contextlib.suppress(OSError, ValueError):  # ValueError: not an id
-                    connection, _ = server.accept()
-                    connection.settimeout(5)
-                    arrived[int(connection.recv(16).decode())] = connection
-            for connection in arrived.values():
-                with connection:
-                    connection.sendall(b"go")
-        return
-    while True:
-        tick(f"process 0 at {address}")
-        try:
-            with socket.create_connection((host, int(port)), timeout=1) as connection:
-                connection.sendall(str(process_id).encode())
-                connection.settimeout(max(deadline - time.monotonic(), 0.1))
-                if connection.recv(2) == b"go":
-                    return
-        except OSError:  # not listening yet, or the answer timed out
-            time.sleep(0.5)
+def wait_for_processes(
+    address, processes, process_id, timeout_seconds, log, stop=lambda: None, settings=None
+):
+    """Returns once all `processes` have started with the same `settings`
+    ({name: value}), before jax.distributed starts: the handshake of
+    keras_lars.rendezvous, process 0 listening on `address` (host:port, the
+    coordinator's). Logs who is missing every 30 s; TimeoutError names them;
+    InterruptedError once `stop()` gives a reason; HandshakeError names the
+    settings that differ."""
+    tasks = {("process", index): f"process {index}" for index in range(processes)}
+    tasks["process", 0] = f"process 0 at {address}"
+    rendezvous.meet(
+        ("process", process_id),
+        tasks,
+        address,
+        timeout_seconds,
+        settings=settings,
+        others="other processes",
+        log=log,
+        stop=stop,
+    )
 
 
 class Devices:

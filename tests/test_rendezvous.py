@@ -1,0 +1,533 @@
+"""The start-up handshake (keras_lars.rendezvous) on both roads: foreign
+listeners, stray and forged clients, idle connections, the bind address,
+settings that differ, and TensorFlow's bounded start (issue 23, item 5)."""
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+
+import keras_lars
+from keras_lars import rendezvous
+from keras_lars.tools.benchmark_allreduce import free_ports
+from keras_lars.tools.settings import ConfigError
+from keras_lars.tools.settings import fields
+from keras_lars.tools.train.config import Config
+from keras_lars.tools.train.runtime import shared_settings
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TIMEOUT = 300
+
+
+def _processes(count, port):
+    """JAX's task names for `count` processes, as wait_for_processes gives them."""
+    tasks = {("process", i): f"process {i}" for i in range(count)}
+    tasks["process", 0] = f"process 0 at localhost:{port}"
+    return tasks
+
+
+def _in_thread(function, *args, **kwargs):
+    """Starts function(*args, **kwargs) in a thread; returns (thread, outcome):
+    outcome gets the result or the error."""
+    outcome = []
+
+    def run():
+        try:
+            outcome.append(function(*args, **kwargs))
+        except Exception as error:
+            outcome.append(error)
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    return thread, outcome
+
+
+def _meet(me, tasks, port, seconds=60, **kwargs):
+    return rendezvous.meet(me, tasks, f"localhost:{port}", seconds, **kwargs)
+
+
+def _wait_until(condition, seconds=60):
+    deadline = time.monotonic() + seconds
+    while not condition():
+        assert time.monotonic() < deadline, "the condition never held"
+        time.sleep(0.05)
+
+
+def _listening(port, lines):
+    """Waits until the chief on `port` (logging to `lines`) accepts
+    connections; forgets the line about that probe."""
+    _wait_until(lambda: rendezvous.accepts_connections(f"localhost:{port}"))
+    _wait_until(lambda: lines)
+    assert lines.pop().endswith(": closed before its hello")
+
+
+class _Listener:
+    """A program that is not ours on a port: accepts, then says nothing or
+    `answer` to every connection."""
+
+    def __init__(self, port, answer=None):
+        self.sock = socket.create_server(("localhost", port))
+        self.answer, self.held = answer, []
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self):
+        while True:
+            try:
+                connection, _ = self.sock.accept()
+            except OSError:
+                return
+            self.held.append(connection)
+            if self.answer:
+                connection.sendall(self.answer)
+
+    def close(self):
+        self.sock.close()
+        for connection in self.held:
+            connection.close()
+
+
+# --- the settings every process shares -----------------------------------------------
+def test_shared_settings_are_every_setting_not_declared_per_process():
+    declared = {f.name for f in fields(Config) if f.metadata["per_process"]}
+    assert {"process_id", "coordinator_address", "worker_start_timeout_minutes"} <= declared
+    assert "log_every_seconds" in declared and "model_dir" not in declared
+    shared = shared_settings(Config(global_batch_size=64))
+    assert set(shared) == {f"--{f.name}" for f in fields(Config) if f.name not in declared}
+    assert shared["--global_batch_size"] == 64 and shared["--model_dir"] == "runs/digits"
+
+
+def test_differences_name_each_setting_and_who_holds_which_value():
+    assert rendezvous.differences({"a": {"--x": 1}, "b": {"--x": 1}}) == ""
+    assert rendezvous.differences(
+        {
+            "worker 0": {"--x": 1, "--y": "sgd", "--z": [1, 2]},
+            "worker 1": {"--x": 2, "--y": "sgd", "--z": [1, 2]},
+            "worker 2": {"--x": 1, "--y": "lars"},
+        }
+    ) == (
+        "--x: 1 on worker 0 and worker 2, 2 on worker 1; --y: sgd on worker 0 and worker 1, "
+        "lars on worker 2; --z: [1, 2] on worker 0 and worker 1, (unset) on worker 2"
+    )
+
+
+# --- who gets in ---------------------------------------------------------------------
+def _hello(task, status="hello", settings=None, run=None, **changes):
+    """A signed hello of `task` (as a peer with `settings` sends it), then `changes`."""
+    message = json.loads(rendezvous._Hello(run, settings or {}).line(task, status))
+    message.update(changes)
+    return json.dumps(message).encode() + b"\n"
+
+
+def _client(port, data):
+    """A client that connects, sends `data` and stays connected."""
+    sock = socket.create_connection(("localhost", port))
+    sock.sendall(data)
+    return sock
+
+
+def test_stray_and_forged_clients_are_ignored_and_the_real_peer_gets_in(monkeypatch):
+    """The old rendezvous counted int(recv(16)) of any client as a process:
+    b"1" released process 0 without its peer."""
+    monkeypatch.setenv(rendezvous.SECRET_VARIABLE, "the run's secret")
+    (port,) = free_ports(1)
+    tasks, lines = _processes(3, port), []
+    chief, outcome = _in_thread(_meet, ("process", 0), tasks, port, log=lines.append)
+    _listening(port, lines)
+    forged = _hello(["process", 1])  # signed with the secret of this run ...
+    monkeypatch.setenv(rendezvous.SECRET_VARIABLE, "another secret")
+    wrong_proof = _hello(["process", 1])  # ... and with another one
+    monkeypatch.setenv(rendezvous.SECRET_VARIABLE, "the run's secret")
+    strays = [
+        b"1\n",
+        b"7\n",
+        b"-1\n",
+        "\u0661\n".encode(),  # ARABIC-INDIC DIGIT ONE: int() reads it as 1
+        b"\xff\xfe\n",
+        wrong_proof,
+        _hello(["process", 7]),
+        _hello(["process", -1]),
+        _hello(["process", True]),
+        _hello(["process", 1], "go"),
+        _hello(["process", 1], protocol="keras_lars.rendezvous/0"),
+    ]
+    clients = [_client(port, data) for data in strays]
+    _wait_until(lambda: len(lines) == len(strays))
+    assert chief.is_alive(), outcome  # nothing counted
+    first = _client(port, forged)  # process 1, with the right proof: admitted
+    answers = first.makefile("rb")
+    assert json.loads(answers.readline())["status"] == "waiting"
+    duplicate = _client(port, forged)  # process 1 again
+    _wait_until(lambda: len(lines) == len(strays) + 1)
+    assert chief.is_alive()  # still waiting for process 2
+    assert _meet(("process", 2), tasks, port) == 2
+    chief.join()
+    assert outcome == [2] and json.loads(answers.readline())["status"] == "go"
+    ignored = [line.split(": ", 1)[1] for line in lines]
+    assert ignored[:5] == [
+        "not a keras_lars hello: b'1'",
+        "not a keras_lars hello: b'7'",
+        "not a keras_lars hello: b'-1'",
+        "not a keras_lars hello: b'\\xd9\\xa1'",
+        "not a keras_lars hello: b'\\xff\\xfe'",
+    ]
+    assert ignored[5] == "a wrong proof (another run, or another $KERAS_LARS_RUN_SECRET)"
+    known = "(process 0, process 1, process 2)"
+    assert ignored[6:10] == [
+        f"process 7 is not a task of this run {known}",
+        f"process -1 is not a task of this run {known}",
+        "a malformed hello",  # True is no index
+        f"process 1 is not a task of this run {known}",  # says "go", not "hello"
+    ]
+    assert ignored[10] == "speaks 'keras_lars.rendezvous/0', not keras_lars.rendezvous/1"
+    assert ignored[11] == "process 1 has already arrived"
+    assert all(line.startswith("ignored a connection from 127.0.0.1:") for line in lines)
+    for client in [*clients, first, duplicate]:
+        client.close()
+
+
+def test_a_refused_client_hears_why():
+    (port,) = free_ports(1)
+    tasks = _processes(2, port)
+    chief, _ = _in_thread(_meet, ("process", 0), tasks, port, 5, log=lambda line: None)
+    with pytest.raises(
+        rendezvous.HandshakeError,
+        match=rf"^process 0 at localhost:{port} refused process 5: process 5 is not a task "
+        r"of this run \(process 0, process 1\)$",
+    ):
+        _meet(("process", 5), {**tasks, ("process", 5): "process 5"}, port)
+    chief.join()
+
+
+def test_idle_connections_do_not_keep_the_peer_out():
+    """The old rendezvous served one connection at a time, waiting 5 s on
+    each: three idle ones kept the real peer out for 15 s."""
+    (port,) = free_ports(1)
+    tasks, lines = _processes(2, port), []
+    chief, outcome = _in_thread(_meet, ("process", 0), tasks, port, log=lines.append)
+    _listening(port, lines)
+    idle = [_client(port, b"") for _ in range(3)]
+    assert _meet(("process", 1), tasks, port) == 1
+    chief.join()
+    assert outcome == [1] and lines == []  # in before the idle ones were even dropped
+    for sock in idle:
+        sock.close()
+
+
+def test_a_connection_without_a_hello_is_dropped_after_its_time(monkeypatch):
+    monkeypatch.setattr(rendezvous, "HELLO_SECONDS", 0.5)
+    (port,) = free_ports(1)
+    lines = []
+    chief, outcome = _in_thread(
+        _meet, ("process", 0), _processes(2, port), port, 3, log=lines.append
+    )
+    _listening(port, lines)
+    idle, endless = _client(port, b""), _client(port, b"x" * (rendezvous.MAX_LINE + 10))
+    _wait_until(lambda: len(lines) >= 2)
+    assert sorted(line.split(": ", 1)[1] for line in lines) == [
+        "no hello within 0.5 s",
+        f"sent more than {rendezvous.MAX_LINE} bytes without a hello",
+    ]
+    assert idle.recv(10) == b"" and endless.recv(10) == b""  # closed by the chief
+    chief.join()
+    assert isinstance(outcome[0], TimeoutError)
+
+
+def test_the_chief_listens_on_its_own_address_only():
+    """Not on every interface: 127.0.0.2 (loopback too, on Linux) stays free."""
+    (port,) = free_ports(1)
+    chief, _ = _in_thread(
+        rendezvous.meet, ("process", 0), _processes(2, port), f"127.0.0.1:{port}", 3
+    )
+    _wait_until(lambda: rendezvous.accepts_connections(f"127.0.0.1:{port}"))
+    with socket.socket() as other:
+        other.bind(("127.0.0.2", port))  # OSError (in use) if the chief held 0.0.0.0
+    chief.join()
+
+
+@pytest.mark.parametrize(
+    "host, resolved, bound",
+    [
+        ("127.0.0.1", None, "127.0.0.1"),  # an address: itself
+        ("localhost", ["127.0.0.1", "::1"], "localhost"),
+        ("node7", ["10.1.2.7"], "node7"),
+        ("node7", ["127.0.1.1"], ""),  # Debian's own name: every interface
+        ("node7", ["127.0.1.1", "10.1.2.7"], "node7"),
+    ],
+)
+def test_a_name_bound_to_loopback_only_listens_everywhere(monkeypatch, host, resolved, bound):
+    def getaddrinfo(name, port):
+        assert name == host
+        return [(socket.AF_INET, socket.SOCK_STREAM, 6, "", (a, 0)) for a in resolved]
+
+    monkeypatch.setattr(socket, "getaddrinfo", getaddrinfo)
+    assert rendezvous.listen_host(host) == bound
+
+
+# --- processes that disagree ---------------------------------------------------------
+def _jax_config(port, **settings):
+    return Config(
+        backend="jax",
+        distribution="data_parallel",
+        coordinator_address=f"localhost:{port}",
+        worker_start_timeout_minutes=1,
+        **settings,
+    )
+
+
+@pytest.mark.parametrize(
+    "settings, differ",
+    [
+        (
+            [{"global_batch_size": 256}, {"global_batch_size": 512}],
+            "--global_batch_size: 256 on process 0, 512 on process 1",
+        ),
+        (
+            [{"num_processes": 2}, {"num_processes": 3}],
+            "--num_processes: 2 on process 0, 3 on process 1",
+        ),
+    ],
+)
+def test_processes_that_disagree_stop_with_one_line_naming_the_settings(settings, differ):
+    """Before: different batch sizes hung until killed; 2 against 3
+    processes was accepted."""
+    runtime_jax = pytest.importorskip("keras_lars.tools.train.runtime_jax")
+    (port,) = free_ports(1)
+    chief = _jax_config(port, process_id=0, **{"num_processes": 2, **settings[0]})
+    peer = _jax_config(port, process_id=1, **{"num_processes": 2, **settings[1]})
+    thread, outcome = _in_thread(runtime_jax.meet_processes, chief)
+    with pytest.raises(ConfigError) as refused:
+        runtime_jax.meet_processes(peer)
+    thread.join()
+    assert str(refused.value) == (
+        f"--num_processes={peer.num_processes} --process_id=1: process 0 at localhost:{port} "
+        f"refused process 1: settings differ: {differ}"
+    )
+    assert isinstance(outcome[0], ConfigError)
+    assert str(outcome[0]) == f"--num_processes=2 --process_id=0: settings differ: {differ}"
+
+
+def test_a_process_beyond_the_chiefs_count_is_refused():
+    runtime_jax = pytest.importorskip("keras_lars.tools.train.runtime_jax")
+    (port,) = free_ports(1)
+    chief = _jax_config(port, num_processes=2, process_id=0)
+    thread, _ = _in_thread(runtime_jax.meet_processes, chief)
+    with pytest.raises(ConfigError) as refused:
+        runtime_jax.meet_processes(_jax_config(port, num_processes=3, process_id=2))
+    assert str(refused.value) == (
+        f"--num_processes=3 --process_id=2: process 0 at localhost:{port} refused process 2: "
+        "process 2 is not a task of this run (process 0, process 1)"
+    )
+    runtime_jax.meet_processes(_jax_config(port, num_processes=2, process_id=1))
+    thread.join()
+
+
+# --- the TensorFlow road: foreign listeners ------------------------------------------
+def _tf_config(monkeypatch, ports, index):
+    cluster = {"worker": [f"localhost:{port}" for port in ports]}
+    monkeypatch.setenv(
+        "TF_CONFIG", json.dumps({"cluster": cluster, "task": {"type": "worker", "index": index}})
+    )
+
+
+def test_a_silent_program_on_the_chiefs_address_is_named(monkeypatch):
+    """Before, accepting a connection counted as "started": the wait passed
+    and TensorFlow's start hung."""
+    ports = free_ports(2)
+    _tf_config(monkeypatch, ports, 1)
+    listener = _Listener(ports[0])
+    try:
+        with pytest.raises(TimeoutError) as late:
+            keras_lars.distribute.wait_for_workers(7)
+    finally:
+        listener.close()
+    assert str(late.value) == (
+        f"worker 0 (localhost:{ports[0]}) did not start within 7 s; localhost:{ports[0]} "
+        "accepts connections but does not answer a hello (another program listening there?)"
+    )
+
+
+def test_a_program_answering_garbage_on_the_chiefs_address_is_named_at_once(monkeypatch):
+    ports = free_ports(2)
+    _tf_config(monkeypatch, ports, 1)
+    listener = _Listener(ports[0], answer=b"HTTP/1.0 400 Bad Request\r\n\r\n")
+    try:
+        with pytest.raises(rendezvous.HandshakeError) as foreign:
+            keras_lars.distribute.wait_for_workers(60)
+    finally:
+        listener.close()
+    assert str(foreign.value) == (
+        f"localhost:{ports[0]} is not the chief of this run (worker 0 (localhost:{ports[0]})): "
+        "not a keras_lars hello: b'HTTP/1.0 400 Bad Request\\r'"
+    )
+
+
+def test_the_chief_names_a_program_on_a_missing_workers_address(monkeypatch):
+    ports = free_ports(2)
+    _tf_config(monkeypatch, ports, 0)
+    listener = _Listener(ports[1])
+    try:
+        with pytest.raises(TimeoutError) as late:
+            keras_lars.distribute.wait_for_workers(2, log=lambda line: None)
+    finally:
+        listener.close()
+    assert str(late.value) == (
+        f"1 of the 1 other tasks of TF_CONFIG: worker 1 (localhost:{ports[1]}) did not start "
+        f"within 2 s; something that is not this run's task accepts connections at "
+        f"localhost:{ports[1]}"
+    )
+
+
+def test_a_chief_of_another_cluster_is_not_joined(monkeypatch):
+    ports = free_ports(3)
+    other = {"worker": [f"localhost:{ports[0]}", f"localhost:{ports[2]}"]}
+    tasks = {("worker", 0): "worker 0", ("worker", 1): "worker 1"}
+    chief, _ = _in_thread(
+        _meet, ("worker", 0), tasks, ports[0], 3, run={"cluster": other}, log=lambda line: None
+    )
+    _tf_config(monkeypatch, ports[:2], 1)
+    with pytest.raises(
+        rendezvous.HandshakeError,
+        match=rf"^localhost:{ports[0]} is not the chief of this run \(worker 0 "
+        rf"\(localhost:{ports[0]}\)\): of another run: ",
+    ):
+        keras_lars.distribute.wait_for_workers(60)
+    chief.join()
+
+
+# --- the tool: TensorFlow's start, bounded -------------------------------------------
+def _tool_worker(ports, index, *flags):
+    env = dict(
+        os.environ,
+        TF_CPP_MIN_LOG_LEVEL="2",
+        CUDA_VISIBLE_DEVICES="",
+        TF_CONFIG=json.dumps(
+            {
+                "cluster": {"worker": [f"localhost:{port}" for port in ports]},
+                "task": {"type": "worker", "index": index},
+            }
+        ),
+    )
+    command = [sys.executable, "-m", "keras_lars.tools.train", "--strategy=multi_worker"]
+    return subprocess.Popen(
+        [*command, *flags],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def _finish(process):
+    try:
+        _, errors = process.communicate(timeout=TIMEOUT)
+    finally:
+        if process.poll() is None:
+            process.kill()
+    return process.returncode, errors
+
+
+def test_the_tool_names_a_program_on_a_peers_address(tmp_path):
+    ports = free_ports(2)
+    listener = _Listener(ports[1])
+    try:
+        worker = _tool_worker(
+            ports, 0, f"--model_dir={tmp_path / 'run'}", "--worker_start_timeout_minutes=0.1"
+        )
+        status, errors = _finish(worker)
+    finally:
+        listener.close()
+    assert status == 1, errors[-3000:]
+    assert errors.strip().splitlines()[-1] == (
+        f"error: --worker_start_timeout_minutes=0.1: 1 of the 1 other tasks of TF_CONFIG: "
+        f"worker 1 (localhost:{ports[1]}) did not start within 6 s; something that is not "
+        f"this run's task accepts connections at localhost:{ports[1]}"
+    )
+    assert not (tmp_path / "run").exists()
+
+
+def _peer_that_never_starts_tensorflow(monkeypatch, ports, model_dir):
+    """Worker 1 of `ports`: meets worker 0 (the tool) with the tool's
+    settings, then never starts TensorFlow's server."""
+    _tf_config(monkeypatch, ports, 1)
+    config = Config(strategy="multi_worker", model_dir=str(model_dir))
+    return keras_lars.distribute.wait_for_workers(TIMEOUT, settings=shared_settings(config))
+
+
+@pytest.mark.parametrize("stop", [None, signal.SIGINT])
+def test_tensorflows_start_is_bounded_and_stoppable(stop, monkeypatch, tmp_path):
+    """Before, the tool hung in TensorFlow's start past
+    --worker_start_timeout_minutes, deaf to signals."""
+    ports, model_dir = free_ports(2), tmp_path / "run"
+    worker = _tool_worker(
+        ports, 0, f"--model_dir={model_dir}", "--worker_start_timeout_minutes=0.2"
+    )
+    try:
+        assert _peer_that_never_starts_tensorflow(monkeypatch, ports, model_dir) == 1
+        if stop:
+            line = "TensorFlow starts the workers (at most 12 s)\n"
+            while worker.stdout.readline() not in (line, ""):  # its start began
+                pass
+            worker.send_signal(stop)
+        status, errors = _finish(worker)
+    finally:
+        if worker.poll() is None:
+            worker.kill()
+    last = errors.strip().splitlines()[-1]
+    assert status == -signal.SIGKILL, errors[-3000:]
+    if stop:
+        assert last == (
+            "preempted: stopped by SIGINT while TensorFlow started the workers; nothing was "
+            "trained; run the same command to start"
+        ), errors[-3000:]
+    else:
+        assert last == (
+            "error: --worker_start_timeout_minutes=0.2: TensorFlow's start of the workers did "
+            "not finish within 12 s (a worker stopped after meeting the others, or another "
+            "program took its port?); nothing was trained"
+        ), errors[-3000:]
+    assert not (model_dir / "checkpoints").exists()
+
+
+def test_jax_distributeds_start_is_bounded(tmp_path):
+    """Before, process 0 aborted in jax.distributed.initialize at its own
+    deadline (exit 134, a C++ fatal log) when its peer met it, then never
+    started."""
+    pytest.importorskip("jax")
+    (port,) = free_ports(1)
+    flags = {
+        "backend": "jax",
+        "distribution": "none",  # refused only after the start, on every Keras
+        "num_processes": 2,
+        "coordinator_address": f"localhost:{port}",
+        "model_dir": str(tmp_path / "run"),
+    }
+    command = [sys.executable, "-m", "keras_lars.tools.train", "--process_id=0"]
+    command += [f"--{name}={value}" for name, value in flags.items()]
+    process = subprocess.Popen(
+        [*command, "--worker_start_timeout_minutes=0.2"],
+        cwd=ROOT,
+        env=dict(os.environ, KERAS_BACKEND="jax", JAX_PLATFORMS="cpu", TF_CPP_MIN_LOG_LEVEL="2"),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        settings = shared_settings(Config(process_id=1, **flags))
+        assert _meet(("process", 1), _processes(2, port), port, settings=settings) == 1
+        status, errors = _finish(process)
+    finally:
+        if process.poll() is None:
+            process.kill()
+    assert status == -signal.SIGKILL, errors[-3000:]
+    assert errors.strip().splitlines()[-1] == (
+        "error: --worker_start_timeout_minutes=0.2: jax.distributed's start of the processes "
+        "did not finish within 12 s (a process stopped after meeting the others, or another "
+        "program took its port?); nothing was trained"
+    ), errors[-3000:]
