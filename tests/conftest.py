@@ -82,6 +82,7 @@ _LIBRARY_STARTERS = (
     ("keras_lars.tools.benchmark_allreduce", "measure"),
     ("keras_lars.tools.benchmark_optimizers", "measure_jax"),
     ("keras_lars.tools.benchmark_optimizers", "main"),
+    ("keras_lars.tools.plan.hlo_bytes", "compile_cases"),
     ("keras_lars.tools.train.runtime", "bounded_start"),  # its watchdog process
     ("keras_lars.tools.train.runtime_jax", "start_processes"),  # through bounded_start
 )

@@ -25,6 +25,12 @@ cost_models; records and calibration are data):
     step         one step, the whole run, the per-layer data- vs model-parallel
                  bytes, the records' predictions, ranges and leave-one-out
     pipeline     GPipe estimates: stages, micro-batches, bubble, memory
+    collectives  the bytes a (batch, model) layout's collectives move a step, as
+                 XLA compiles the training tool's JAX step
+    hybrid       the per-layer data/model-parallel choice and its mesh (--layout_out)
+    layout_file  the layout file: written by --layout_out, read by keras-lars-train
+    hlo          the bytes of the collectives in a compiled program's HLO text
+    hlo_bytes    the planned bytes against the tool's compiled step (a script)
     records      published ImageNet / ResNet-50 times with their hardware (data)
     cli          the flags, the text reports, `run` (the console script)
 
@@ -51,6 +57,8 @@ from keras_lars.tools.plan.cli import plan_text
 from keras_lars.tools.plan.cli import records_markdown
 from keras_lars.tools.plan.cli import records_text
 from keras_lars.tools.plan.cli import run
+from keras_lars.tools.plan.collectives import layout_bytes
+from keras_lars.tools.plan.collectives import plan_layout
 from keras_lars.tools.plan.cost_models import ALGORITHMS
 from keras_lars.tools.plan.cost_models import GB
 from keras_lars.tools.plan.cost_models import US
@@ -72,6 +80,8 @@ from keras_lars.tools.plan.device import ModelProfile
 from keras_lars.tools.plan.device import custom_profile
 from keras_lars.tools.plan.device import model_profile
 from keras_lars.tools.plan.device import profile_keras_model
+from keras_lars.tools.plan.hybrid import HybridPlan
+from keras_lars.tools.plan.hybrid import hybrid_plan
 from keras_lars.tools.plan.memory import RESERVE
 from keras_lars.tools.plan.memory import MemoryEstimate
 from keras_lars.tools.plan.memory import activation_elements
@@ -128,6 +138,7 @@ __all__ = [
     "Calibration",
     "Cluster",
     "Device",
+    "HybridPlan",
     "DeviceSpec",
     "LayerChoice",
     "LayerProfile",
@@ -153,8 +164,10 @@ __all__ = [
     "fit_utilization",
     "grid_text",
     "halving_doubling_allreduce",
+    "hybrid_plan",
     "hierarchical_allreduce",
     "largest_batch",
+    "layout_bytes",
     "layer_choices",
     "layers_text",
     "leave_one_out",
@@ -164,6 +177,7 @@ __all__ = [
     "neighbourhood",
     "pipeline_candidates",
     "pipeline_plan",
+    "plan_layout",
     "plan_run",
     "plan_text",
     "predict_record",

@@ -9,6 +9,7 @@ from keras_lars.layerwise import ALLREDUCE_DTYPES
 from keras_lars.models import BUILDERS
 from keras_lars.recipes import IMAGENET_TRAIN_EXAMPLES
 from keras_lars.tools import settings
+from keras_lars.tools.plan import layout_file
 from keras_lars.tools.plan.calibration import calibrate
 from keras_lars.tools.plan.cost_models import ALGORITHMS
 from keras_lars.tools.plan.cost_models import GB
@@ -19,6 +20,7 @@ from keras_lars.tools.plan.device import DTYPE_BYTES
 from keras_lars.tools.plan.device import Device
 from keras_lars.tools.plan.device import custom_profile
 from keras_lars.tools.plan.device import model_profile
+from keras_lars.tools.plan.hybrid import hybrid_plan
 from keras_lars.tools.plan.memory import largest_batch
 from keras_lars.tools.plan.memory import memory_estimate
 from keras_lars.tools.plan.pipeline import pipeline_candidates
@@ -204,6 +206,12 @@ class PlanSettings:
         False, "Print the per-layer data- vs model-parallel report and the pipeline estimate."
     )
     records: bool = setting(False, "Print the published records against the predictions.")
+    layout_out: str = setting(
+        "",
+        "Write the hybrid layout (the layers cheaper model-parallel split over a (batch, "
+        "model) mesh, the rest data-parallel; tools/plan/hybrid.py) to this JSON file, for "
+        "keras-lars-train --backend=jax --distribution=model_parallel --layout.",
+    )
 
     def __post_init__(self):
         settings.check(self)
@@ -643,6 +651,47 @@ def main(argv):
     if options.layers:
         print()
         print(layers_text(options))
+    if options.layout_out:
+        print()
+        print(layout_out_text(options))
+
+
+def layout_out_text(options):
+    """Writes --layout_out's file; its lines: the mesh, the split layers,
+    bytes and step against pure data parallelism."""
+    if options.model not in BUILDERS:
+        raise ConfigError(f"--layout_out needs a keras_lars.models --model, not {options.model}.")
+    cluster = options.cluster()
+    bandwidth = options.intra_node_bandwidth * GB
+    if cluster.nodes > 1:
+        bandwidth = min(bandwidth, options.inter_node_bandwidth * GB / cluster.devices_per_node)
+    plan = hybrid_plan(
+        options.model,
+        options.image_size,
+        options.profile(),
+        options.batch,
+        options.devices,
+        options.device_model(),
+        bandwidth,
+    )
+    if plan is None:
+        raise ConfigError(
+            f"--layout_out={options.layout_out}: no layer of --model={options.model} moves "
+            f"fewer bytes model-parallel at batch {options.batch:,} on {options.devices} devices "
+            "(or no model axis divides them); nothing written."
+        )
+    layout_file.write(options.layout_out, plan.mesh, plan.layouts)
+    split = ", ".join(p.split("/")[0] for p in plan.layouts if not p.endswith("/output"))
+    return "\n".join(
+        [
+            f"hybrid layout -> {options.layout_out}: mesh batch {plan.mesh[0]} x model "
+            f"{plan.mesh[1]}; model-parallel: {split}; the rest data-parallel",
+            f"  bytes a device sends a step  {plan.bytes / 1e6:10.1f} MB  (data parallel "
+            f"{plan.data_parallel_bytes / 1e6:.1f} MB)",
+            f"  step, compute + bytes / {bandwidth / GB:g} GB/s  {plan.seconds * 1e3:7.1f} ms  "
+            f"(data parallel {plan.data_parallel_seconds * 1e3:.1f} ms)",
+        ]
+    )
 
 
 def run(argv=None):

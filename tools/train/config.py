@@ -195,6 +195,17 @@ class Config:
         check=at_least(1),
         resumable=True,
     )
+    layout: str = setting(
+        "",
+        "--distribution=model_parallel: a layout file of keras-lars-plan --layout_out (the "
+        "mesh and each variable's sharding; tools/plan/layout_file.py), in place of "
+        "--model_axis_size's rule.",
+        check=_needs(
+            lambda value, c: not value or c.distribution == "model_parallel",
+            "needs --backend=jax --distribution=model_parallel",
+        ),
+        resumable=True,
+    )
     coordinator_address: str = setting(
         None,
         "--backend=jax with several processes: host:port of process 0 (jax.distributed); "

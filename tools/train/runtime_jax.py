@@ -34,6 +34,7 @@ import tensorflow as tf
 
 from keras_lars import _internals
 from keras_lars import rendezvous
+from keras_lars.tools.plan import layout_file
 from keras_lars.tools.settings import ConfigError
 from keras_lars.tools.train.preemption import NoClusterPreemption
 from keras_lars.tools.train.preemption import Preempted
@@ -209,20 +210,6 @@ class Devices:
         return dataset_fn(tf.distribute.InputContext(processes, jax.process_index(), processes))
 
 
-def model_parallel_layouts(shapes, model_axis_size):
-    """{variable path: layout} of the variables sharded over "model", from
-    {path: shape}: a convolution kernel (h, w, in, out) wider than 1x1 by its
-    output channels, a dense kernel (in, out) by its input features, each
-    only where `model_axis_size` divides that size."""
-    layouts = {}
-    for path, shape in shapes.items():
-        if len(shape) == 4 and shape[0] * shape[1] > 1 and shape[3] % model_axis_size == 0:
-            layouts[path] = (None, None, None, "model")
-        elif len(shape) == 2 and shape[0] % model_axis_size == 0:
-            layouts[path] = ("model", None)
-    return layouts
-
-
 def make_devices(config, variable_shapes):
     """Sets the keras.distribution of --distribution over every device of
     every process and returns its Devices. `variable_shapes()` ({path: shape}
@@ -248,24 +235,45 @@ def make_devices(config, variable_shapes):
             f"--distribution=model_parallel runs in one process (--num_processes={processes}); "
             "use --distribution=data_parallel across processes."
         )
-    if local % size:
+    if local % size and not config.layout:
         raise ConfigError(
             f"--model_axis_size={size} must divide the {local} devices of the process."
         )
-    mesh = keras.distribution.DeviceMesh((len(devices) // size, size), ["batch", "model"], devices)
-    layout_map = keras.distribution.LayoutMap(mesh)
     shapes = variable_shapes()
-    layouts = model_parallel_layouts(shapes, size)
-    for path, layout in layouts.items():
-        layout_map[re.escape(path)] = layout
+    if config.layout:
+        (batch, size), layouts = planned_layouts(config.layout, shapes, len(devices))
+    else:
+        batch, layouts = len(devices) // size, layout_file.model_parallel_layouts(shapes, size)
+        layouts = {re.escape(path): layout for path, layout in layouts.items()}
+    mesh = keras.distribution.DeviceMesh((batch, size), ["batch", "model"], devices)
+    layout_map = keras.distribution.LayoutMap(mesh)
+    for pattern, layout in layouts.items():
+        layout_map[pattern] = layout
     arguments = {"layout_map": layout_map, "batch_dim_name": "batch", "auto_shard_dataset": False}
     if "device_mesh" in inspect.signature(keras.distribution.ModelParallel).parameters:
         arguments["device_mesh"] = mesh  # Keras < 3.11
     distribution = keras.distribution.ModelParallel(**arguments)
     keras.distribution.set_distribution(distribution)
-    sharded = f"{len(layouts)} of {len(shapes)} variables sharded over model"
-    described = _describe(devices, f"batch {len(devices) // size} x model {size}", sharded)
-    return Devices(distribution, len(devices) // size, described)
+    sharded = sum(any(re.fullmatch(p, path) for p in layouts) for path in shapes)
+    sharded = f"{sharded} of {len(shapes)} variables sharded over model"
+    if config.layout:
+        sharded += f" (--layout={config.layout})"
+    return Devices(
+        distribution, batch, _describe(devices, f"batch {batch} x model {size}", sharded)
+    )
+
+
+def planned_layouts(path, shapes, devices):
+    """((batch, model), {regex: axes}) of the layout file at `path` (one
+    ConfigError line naming the file when it does not fit the model or the
+    devices, or when this Keras cannot run it)."""
+    problem = _internals.distribution_problem("model")
+    if problem:
+        raise ConfigError(f"--layout={path}: {problem}.")
+    try:
+        return layout_file.read(path, shapes, devices)
+    except ValueError as error:
+        raise ConfigError(f"--layout={path}: {error}.") from None
 
 
 def _describe(devices, mesh, *more):

@@ -1,0 +1,229 @@
+"""The bytes a layout's collectives move in one training step, layer by layer,
+as XLA's SPMD partitioner (GSPMD) compiles the training tool's JAX step.
+
+A layout is a (batch, model) mesh of b x m devices and {variable path
+regex: partition spec} (the keras.distribution LayoutMap; unmatched
+variables are replicated). The batch is split b ways (n = B / b images a
+device); a layer's output channels are whole (R) or split m ways over
+"model" (S). Bytes moved follow hlo.py's convention (one device's sends
+with ring algorithms over g devices: all-reduce 2 (g - 1) / g x, all-gather
+(g - 1) / g x, x the buffer), s = 4 bytes (float32). Per step:
+
+    gradients   every variable: all-reduce over the b batch devices of its
+                share, P / m if sharded (or computed from S gradients) else P
+    batch norm  XLA all-reduces 4 C values per layer over the batch devices
+                beyond the gamma and beta gradients (forward mean and
+                variance, backward the sums of dy and dy x_hat; C / m when S)
+    scalars     3: the loss's sum, its weight and the step's sample count
+    conv, S kernel (output channels over "model"):
+                forward: an S input is all-gathered over "model" (n I s), and
+                gathered again in the backward pass for the kernel's gradient
+                (XLA does not keep the copy, measured at 224x224); backward:
+                the input gradient is a partial sum over the output channels,
+                all-reduced over "model" (n I s), unless the input is the
+                model's (through layers without variables)
+    conv, whole kernel, S input: the input all-gathered once (n I s), also
+                when several layers read it; the kernel's gradient comes out S
+    Flatten of an S map wider than 1x1: all-gathered (n I s); the output is R
+    dense, kernel split by inputs ("model", None): each device's partial
+                output is all-reduced over "model" (n O s) and comes out R;
+                backward: the input gradient comes out S and is all-gathered
+                (n I s) when the input was R; the layer feeding it through
+                elementwise layers gets an S gradient
+    dense, kernel split by outputs (None, "model"): as a conv with an S
+                kernel (not among the measured layouts)
+    LARS        2 scalars a split kernel (its norms' partial sums), over b m
+    updates     a replicated variable whose gradient is S (the bias of a
+                split layer, a batch norm's gamma and beta after it, a whole
+                kernel read from an S input): XLA computes its update on the
+                m shards and all-gathers the new value and its momentum, 2 P
+
+Not modelled: which tensors XLA keeps split of its own accord (stage 4 of
+ResNet-50 under --distribution=model_parallel: docs/planning.md).
+(measured on the compiled HLO of the tool's step, tools/plan/hlo_bytes.py;
+docs/planning.md has the table.) `layout_bytes` sums them by collective.
+"""
+
+import dataclasses
+import functools
+import math
+import re
+
+import keras
+
+from keras_lars.models import BUILDERS
+from keras_lars.tools.plan import layout_file
+
+FLOAT_BYTES = 4
+LOSS_SCALARS = 3  # all-reduced every step: the loss's sum and weight, the sample count
+LARS_NORMS = 2  # a sharded kernel's ||w|| and ||update|| partial sums, all-reduced
+ELEMENTWISE = ("Dropout", "ReLU", "Activation")  # keep a split gradient split
+BN_STATISTICS = 4  # values per batch-norm channel all-reduced beyond its gradients
+
+
+@dataclasses.dataclass(frozen=True)
+class Node:
+    """One layer: kind, variables {path: shape}, inbound layer names, and
+    per image the elements of its (first) input and of its output."""
+
+    name: str
+    kind: str
+    variables: dict
+    inputs: tuple
+    input_elements: int
+    output_elements: int
+    input_channels: int
+
+
+def _elements(shape):
+    return math.prod(int(d) for d in shape[1:])
+
+
+@functools.cache
+def model_graph(name, image_size=224, num_classes=1000):
+    """The Nodes of keras_lars.models.BUILDERS[name], in order (built on the CPU)."""
+    with keras.device("cpu:0"):
+        model = BUILDERS[name](num_classes=num_classes, input_shape=(image_size, image_size, 3))
+    nodes = []
+    for layer in model.layers:
+        if isinstance(layer, keras.layers.InputLayer):
+            continue
+        inputs = layer.input if isinstance(layer.input, (list, tuple)) else [layer.input]
+        inbound = tuple(t._keras_history.operation.name for t in inputs)
+        nodes.append(
+            Node(
+                layer.name,
+                type(layer).__name__,
+                {v.path: tuple(v.shape) for v in layer.trainable_weights},
+                inbound,
+                _elements(inputs[0].shape),
+                _elements(layer.output.shape),
+                int(inputs[0].shape[-1]),
+            )
+        )
+    keras.backend.clear_session()
+    return tuple(nodes)
+
+
+def spec_of(path, layouts):
+    """The partition spec of `path`: the one regex of `layouts` it fully
+    matches (as keras.distribution.LayoutMap looks it up), else None."""
+    if path in layouts:
+        return tuple(layouts[path])
+    found = [pattern for pattern in layouts if re.fullmatch(pattern, path)]
+    if len(found) > 1:
+        raise ValueError(f"{path} matches several layouts: {found}")
+    return tuple(layouts[found[0]]) if found else None
+
+
+def _all_reduce(values, group):
+    return 2 * (group - 1) / group * values * FLOAT_BYTES if group > 1 else 0.0
+
+
+def _all_gather(values, group):
+    return (group - 1) / group * values * FLOAT_BYTES if group > 1 else 0.0
+
+
+def _forward(nodes, layouts, m):
+    """{layer: (kernel spec, output split, input split)} in layer order."""
+    states, split = {}, {}
+    for node in nodes:
+        specs = [spec_of(p, layouts) for p in node.variables if p.endswith("kernel")]
+        kernel = specs[0] if specs and m > 1 else None
+        input_split = any(split.get(name, False) for name in node.inputs)
+        out = input_split
+        if node.kind in ("Conv2D", "Dense"):
+            sharded = bool(kernel) and "model" in kernel
+            out = sharded and not (node.kind == "Dense" and kernel[0] == "model")
+        elif node.kind == "Flatten" and node.input_elements != node.input_channels:
+            out = False  # a split H x W x C map does not flatten to split features
+        split[node.name] = out
+        states[node.name] = (kernel, out, input_split)
+    return states
+
+
+def _split_gradients(nodes, states):
+    """Layers whose output gradient reaches them split over "model": the
+    producer (through elementwise layers: XLA computes the producer's bias
+    gradient from the split copy) of a dense layer split by its inputs
+    whose input was whole."""
+    by_name = {node.name: node for node in nodes}
+    marked = set()
+    for node in nodes:
+        kernel, _, input_split = states[node.name]
+        if node.kind == "Dense" and kernel and kernel[0] == "model" and not input_split:
+            name = node.inputs[0]
+            while name in by_name and by_name[name].kind in ELEMENTWISE:
+                name = by_name[name].inputs[0]
+            if name in by_name and by_name[name].variables:
+                marked.add(name)
+    return marked
+
+
+def _reads_images(node, nodes):
+    """The layer's input is the model's, through layers without variables
+    (no input gradient is computed)."""
+    by_name = {n.name: n for n in nodes}
+    name = node.inputs[0]
+    while name in by_name and not by_name[name].variables:
+        name = by_name[name].inputs[0]
+    return name not in by_name
+
+
+def layout_bytes(model_name, image_size, global_batch, mesh, layouts, num_classes=1000):
+    """{"all-reduce": bytes, "all-gather": bytes} one device sends in one
+    step of `model_name` under `layouts` on `mesh` = (b, m)."""
+    b, m = mesh
+    n = global_batch / b
+    moved = {"all-reduce": _all_reduce(LOSS_SCALARS, b * m), "all-gather": 0.0}
+    nodes = model_graph(model_name, image_size, num_classes)
+    states = _forward(nodes, layouts, m)
+    gradient_split = _split_gradients(nodes, states)
+    gathered = set()  # split tensors already gathered (XLA gathers one once)
+    for node in nodes:
+        kernel, out_split, input_split = states[node.name]
+        sharded = bool(kernel) and "model" in kernel
+        activations_in, activations_out = n * node.input_elements, n * node.output_elements
+        if node.kind in ("Conv2D", "Dense") and sharded and kernel[0] == "model":
+            moved["all-reduce"] += _all_reduce(activations_out, m)  # partial outputs
+            if not input_split:  # the input gradient comes out split
+                moved["all-gather"] += _all_gather(activations_in, m)
+        elif node.kind in ("Conv2D", "Dense", "Flatten"):
+            if input_split and node.inputs[0] not in gathered:
+                gathered.add(node.inputs[0])
+                moved["all-gather"] += _all_gather(activations_in, m)
+                if sharded:  # gathered again for the kernel's gradient
+                    moved["all-gather"] += _all_gather(activations_in, m)
+            if sharded and not _reads_images(node, nodes):  # partial input gradients
+                moved["all-reduce"] += _all_reduce(activations_in, m)
+        if node.kind == "BatchNormalization":
+            channels = next(iter(node.variables.values()))[0] / (m if out_split else 1)
+            moved["all-reduce"] += _all_reduce(BN_STATISTICS * channels, b)
+        for path, shape in node.variables.items():
+            size = math.prod(shape)
+            whole_kernel_split_input = path.endswith("kernel") and not sharded and input_split
+            if path.endswith("kernel") and sharded:
+                moved["all-reduce"] += _all_reduce(size / m, b)
+                moved["all-reduce"] += _all_reduce(LARS_NORMS, b * m)
+            elif out_split or node.name in gradient_split or whole_kernel_split_input:
+                moved["all-reduce"] += _all_reduce(size / m, b)
+                moved["all-gather"] += 2 * _all_gather(size, m)  # the variable, its momentum
+            else:
+                moved["all-reduce"] += _all_reduce(size, b)
+    return moved
+
+
+def plan_layout(model_name, image_size, layout, model_axis_size):
+    """{path regex: spec} of the training tool's --distribution=`layout`
+    (layout_file.model_parallel_layouts) for the model."""
+    if layout == "data_parallel" or model_axis_size == 1:
+        return {}
+    shapes = {
+        path: shape
+        for node in model_graph(model_name, image_size)
+        for path, shape in node.variables.items()
+    }
+    return {
+        re.escape(path): spec
+        for path, spec in layout_file.model_parallel_layouts(shapes, model_axis_size).items()
+    }
