@@ -394,3 +394,13 @@ def pytest_runtest_setup(item):
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_call(item):
     return (yield from _guarded(item))
+
+
+@pytest.fixture
+def compat_left_as_found():
+    """Removes the keras_lars.compat workarounds a test installed (e.g.
+    through keras_lars.make_strategy("mirrored")): left installed, they
+    change later tests (the XLA train-step tests fail after them)."""
+    before = compat.applied()
+    yield
+    compat.unapply([name for name in compat.applied() if name not in before])

@@ -10,11 +10,14 @@ def create_model(config, num_classes):
     kwargs = {}
     if config.model != "alexnet":
         kwargs["sync_batch_norm"] = config.sync_batch_norm
-    return MODELS[config.model](
+    model = MODELS[config.model](
         num_classes=num_classes,
         input_shape=(config.image_size, config.image_size, 3),
         **kwargs,
     )
+    if config.image_size_schedule:  # one model for every phase's size (global pooling)
+        model.input_spec = keras.InputSpec(shape=(None, None, None, 3))
+    return model
 
 
 def create_optimizer(config, schedule):
@@ -93,9 +96,24 @@ def compiled_model(config, num_classes, schedule):
     return model
 
 
-def learning_rate_schedule(config, length, rate_factor=1.0):
+def learning_rate_schedule(config, length, num_train, rate_factor=1.0):
     """Linear warmup to the peak rate, then quadratic decay to the end rate,
-    the whole curve times `rate_factor` (after divergence rollbacks)."""
+    the whole curve times `rate_factor` (after divergence rollbacks): in
+    steps (WarmupPolyDecay), or under --batch_schedule / --image_size_schedule
+    in epochs done (EpochWarmupPolyDecay, --batch_coupling)."""
+    if config.batch_phases is not None:
+        coupling = config.batch_coupling
+        return keras_lars.EpochWarmupPolyDecay(
+            config.batch_phases,
+            num_train,
+            config.peak_learning_rate * rate_factor,
+            config.warmup_epochs,
+            config.train_epochs,
+            power=2.0,
+            end_learning_rate=config.end_learning_rate * rate_factor,
+            coupling="grow" if coupling == "grow" else "scale",
+            scaling_rule="linear" if coupling == "grow" else coupling,
+        )
     return keras_lars.WarmupPolyDecay(
         config.peak_learning_rate * rate_factor,
         length.warmup_steps,

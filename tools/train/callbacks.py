@@ -5,6 +5,7 @@
     ReseedDropout       an epoch's random layers draw from (seed, epoch)
     Throughput          images/s of an epoch, from its steps after the first
     LearningRateLog     the scheduled rate at the epoch's end, into the logs
+    BatchLog            the epoch's batch and image size (phases), into the logs
     ProgressLine        off a terminal, a line within an epoch every N seconds
     ProgressBar         Keras's bar, sized to each epoch's planned steps
     log_writers         TensorBoard and the trust ratios (the chief's)
@@ -58,7 +59,8 @@ class StepCounter(keras.callbacks.Callback):
     def on_train_batch_end(self, batch, logs=None):
         self.step = optimizer_step(self.model)  # one read of the device counter per batch
         self.done = self.step - self._epoch_start_step
-        if self.planned < self.length.steps_per_epoch and self.done >= self.planned:
+        short = not self.length.phases and self.planned < self.length.steps_per_epoch
+        if short and self.done >= self.planned:
             self.model.stop_training = True  # the end of a short last epoch
 
     def on_epoch_end(self, epoch, logs=None):
@@ -111,9 +113,12 @@ class Throughput(keras.callbacks.Callback):
         self.counter, self.global_batch_size = counter, global_batch_size
         self.measured = [] if measured is None else measured
         self._traced = False  # an epoch ran in this process (its functions are traced)
+        self.batch_of_epoch = None  # epoch -> its global batch, under --batch_schedule
 
     def on_epoch_begin(self, epoch, logs=None):
         self.started, self._first, self._last = time.time(), None, None
+        if self.batch_of_epoch is not None:
+            self.global_batch_size = self.batch_of_epoch(epoch)
 
     def on_train_batch_end(self, batch, logs=None):
         if self._first is None:
@@ -145,6 +150,22 @@ class LearningRateLog(keras.callbacks.Callback):
         if logs is not None:
             rate = self.schedule(self.counter.step)
             logs["learning_rate"] = float(keras.ops.convert_to_numpy(rate))
+
+
+class BatchLog(keras.callbacks.Callback):
+    """Under --batch_schedule / --image_size_schedule, adds the epoch's global
+    batch and image size to the logs (history, summary.json, TensorBoard's
+    epoch_global_batch_size and epoch_image_size)."""
+
+    def __init__(self, length, image_size):
+        super().__init__()
+        self.length, self.image_size = length, image_size
+
+    def on_epoch_end(self, epoch, logs=None):
+        if logs is not None:
+            phase = self.length.phase_of(epoch)
+            logs["global_batch_size"] = phase.global_batch_size
+            logs["image_size"] = phase.image_size or self.image_size
 
 
 class ProgressLine(keras.callbacks.Callback):

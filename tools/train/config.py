@@ -69,6 +69,40 @@ def _end_rate(value, config):
     return problem
 
 
+def _schedule_problem(value, config, kind):
+    """--batch_schedule (kind "batch") or --image_size_schedule ("image
+    size"): phases that parse, start before --train_epochs, in epochs (not
+    --train_steps), the first at --global_batch_size / --image_size."""
+    if not value:
+        return None
+    sizes = kind == "image size"
+    try:  # "0:1": a valid batch, to check the image sizes alone
+        schedule = keras_lars.BatchSchedule.parse("0:1", value) if sizes else None
+        schedule = schedule or keras_lars.BatchSchedule.parse(value)
+    except ValueError as error:
+        return str(error).rstrip(".")
+    if config.train_steps:
+        return "counts epochs: leave --train_steps at 0 and give --train_epochs"
+    values = [p.image_size if sizes else p.global_batch_size for p in schedule.phases]
+    for number, (phase, phase_value) in enumerate(zip(schedule.phases, values), 1):
+        if phase.epoch >= config.train_epochs:
+            return (
+                f"phase {number} starts at epoch {phase.epoch}, at or beyond "
+                f"--train_epochs={config.train_epochs}"
+            )
+        if sizes and between(8, 4096)(phase_value, config):
+            return f"phase {number}: the image size {phase_value} is not in [8, 4096]"
+    flag = "image_size" if sizes else "global_batch_size"
+    if getattr(config, flag) != values[0]:
+        return (
+            f"the first phase's {kind} {values[0]} differs from --{flag}="
+            f"{getattr(config, flag)} (leave that at its default or make them equal)"
+        )
+    if sizes and config.model.startswith("alexnet"):
+        return f"--model={config.model} flattens a feature map of one size; use a resnet"
+    return None
+
+
 def _cluster_check(value, config):
     """--cluster other than auto: multi-worker TensorFlow, or SLURM's JAX processes."""
     if value == "auto" or (config.backend == "tensorflow" and config.strategy == "multi_worker"):
@@ -93,7 +127,34 @@ class Config:
         "SGD with the same coupled weight decay (LARS with layer adaptation off).",
         choices=OPTIMIZERS,
     )
-    global_batch_size: int = setting(128, "Images per step over all replicas.", check=at_least(1))
+    global_batch_size: int = setting(
+        128,
+        "Images per step over all replicas. With --batch_schedule: the first phase's batch "
+        "(left at its default it takes it).",
+        check=at_least(1),
+    )
+    batch_schedule: str = setting(
+        "",
+        "Batch-size control: phases epoch:global batch, e.g. 0:64,2:128 (the first at epoch 0, "
+        "all before --train_epochs); each phase feeds its own batches to its own compiled step "
+        "and the rate follows the epochs done (keras_lars.EpochWarmupPolyDecay). "
+        "Empty: the constant --global_batch_size.",
+        check=lambda value, c: _schedule_problem(value, c, "batch"),
+    )
+    image_size_schedule: str = setting(
+        "",
+        "Progressive resizing: phases epoch:image side, e.g. 0:16,2:32 (the first at epoch 0, "
+        "all before --train_epochs; resnet models); each phase reads its images at its size. "
+        "Empty: the constant --image_size.",
+        check=lambda value, c: _schedule_problem(value, c, "image size"),
+    )
+    batch_coupling: str = setting(
+        "grow",
+        "With --batch_schedule, the rate where the batch changes: grow: the curve of the "
+        "epochs done, unchanged (growth replaces decay, Smith et al. 2018); linear / sqrt: "
+        "scaled by B_k / B_0 or its root (B_0 the first phase's batch).",
+        choices=("grow", "linear", "sqrt"),
+    )
     base_learning_rate: float = setting(
         10.0,
         "Peak learning rate per 256 images, scaled to the batch by --lr_scaling. "
@@ -395,6 +456,17 @@ class Config:
     )
 
     def __post_init__(self):
+        defaults = type(self).__dataclass_fields__
+        for flag, schedule in (
+            ("global_batch_size", self.batch_schedule),
+            ("image_size", self.image_size_schedule),
+        ):
+            if schedule and getattr(self, flag) == defaults[flag].default:
+                try:  # the first phase's value; a schedule that does not parse fails its check
+                    first = keras_lars.batch_schedule.parse_phases(schedule)[0][1]
+                    object.__setattr__(self, flag, first)
+                except ValueError:
+                    pass
         if self.backend is None:
             object.__setattr__(self, "backend", keras.backend.backend())
         if self.image_size == 0 and self.dataset in input_pipeline.SOURCES:
@@ -406,6 +478,16 @@ class Config:
         for name in input_pipeline.SOURCES[self.dataset].required_settings:
             if not getattr(self, name):
                 raise ConfigError(f"--{name} is required with --dataset={self.dataset}.")
+
+    @property
+    def batch_phases(self):
+        """The keras_lars.BatchSchedule of --batch_schedule and
+        --image_size_schedule, or None when neither is given."""
+        if not (self.batch_schedule or self.image_size_schedule):
+            return None
+        return keras_lars.BatchSchedule.parse(
+            self.batch_schedule or f"0:{self.global_batch_size}", self.image_size_schedule or None
+        )
 
     @property
     def peak_learning_rate(self):

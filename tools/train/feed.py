@@ -26,6 +26,24 @@ def train_stream(data, length, start_epoch, global_batch_size, skip=0, end_epoch
     return make
 
 
+class _Sized:
+    """`config` with another image_size, for input_pipeline.load."""
+
+    def __init__(self, config, image_size):
+        self._config, self.image_size = config, image_size
+
+    def __getattr__(self, name):
+        return getattr(self._config, name)
+
+
+def data_at(data, config, image_size):
+    """The DataSource of `config` at `image_size` (--image_size_schedule's
+    phases): `data` itself at its own size or for None."""
+    if image_size is None or image_size == data.image_size:
+        return data
+    return input_pipeline.load(_Sized(config, image_size))
+
+
 def evaluation(data, global_batch_size, strategy):
     """(the distributed evaluation set, a list that holds its steps once the
     strategy has made it). Keras gets the steps exactly: left to find the end

@@ -1,5 +1,8 @@
 """How long the run is, in steps: an epoch is one pass over the training set
-(drop remainder), steps_per_epoch = floor(N / B)."""
+(drop remainder), steps_per_epoch = floor(N / B). Under --batch_schedule each
+phase k (epochs E_k to E_{k+1}, batch B_k) has its own n_k = floor(N / B_k)
+(keras_lars.BatchSchedule.steps_per_epoch), and the run is sum_k
+(E_{k+1} - E_k) * n_k steps."""
 
 import dataclasses
 import math
@@ -9,24 +12,48 @@ from keras_lars.tools.settings import ConfigError
 
 
 @dataclasses.dataclass(frozen=True)
+class PhaseLength:
+    """Epochs first_epoch .. end_epoch - 1, at `global_batch_size` and
+    `image_size` (None: --image_size), each of `steps_per_epoch` steps."""
+
+    first_epoch: int
+    end_epoch: int
+    global_batch_size: int
+    steps_per_epoch: int
+    image_size: int | None = None
+
+
+@dataclasses.dataclass(frozen=True)
 class RunLength:
-    """The run's steps: per full epoch, in all, and of the warmup."""
+    """The run's steps: per full epoch (the first phase's), in all, and of the
+    warmup; `phases` under --batch_schedule / --image_size_schedule, else empty."""
 
     steps_per_epoch: int
     total_steps: int
     warmup_steps: int
+    phases: tuple = ()
 
     @property
     def epochs(self):
+        if self.phases:
+            return self.phases[-1].end_epoch
         return math.ceil(self.total_steps / self.steps_per_epoch)
 
+    def phase_of(self, epoch):
+        """The PhaseLength that `epoch` is in (under --batch_schedule)."""
+        return [phase for phase in self.phases if phase.first_epoch <= epoch][-1]
+
     def steps_in(self, epoch):
+        if self.phases:
+            return self.phase_of(epoch).steps_per_epoch
         return min(self.steps_per_epoch, self.total_steps - epoch * self.steps_per_epoch)
 
 
 def run_length(config, num_train):
     """The RunLength of `config` on `num_train` examples; a ConfigError names
     the flag when the batch, --steps_per_execution or the warmup does not fit."""
+    if config.batch_phases is not None:
+        return _phased_length(config, num_train)
     if config.global_batch_size > num_train:
         raise ConfigError(
             f"--global_batch_size={config.global_batch_size} exceeds the "
@@ -50,3 +77,45 @@ def run_length(config, num_train):
             f"the training ({total} steps): lower it or train longer."
         )
     return length
+
+
+def _phased_length(config, num_train):
+    """The RunLength under --batch_schedule / --image_size_schedule: each
+    phase's steps per epoch, checked against --steps_per_execution (a
+    ConfigError naming the phase)."""
+    schedule = config.batch_phases
+    flag = (
+        f"--batch_schedule={config.batch_schedule}"
+        if config.batch_schedule
+        else f"--global_batch_size={config.global_batch_size}"
+    )
+    try:
+        per_epoch = schedule.steps_per_epoch(num_train)
+    except ValueError as error:
+        raise ConfigError(f"{flag}: {error}") from None
+    ends = [p.epoch for p in schedule.phases[1:]] + [config.train_epochs]
+    phases = tuple(
+        PhaseLength(p.epoch, end, p.global_batch_size, steps, p.image_size)
+        for p, end, steps in zip(schedule.phases, ends, per_epoch)
+    )
+    k = config.steps_per_execution
+    for number, phase in enumerate(phases, 1):
+        if phase.steps_per_epoch % k:
+            raise ConfigError(
+                f"{flag}: phase {number} (epoch "
+                f"{phase.first_epoch}, global batch {phase.global_batch_size}) has "
+                f"{phase.steps_per_epoch} steps per epoch, which --steps_per_execution={k} "
+                "does not divide (checkpoints and evaluation happen at epoch ends)."
+            )
+    total = sum((p.end_epoch - p.first_epoch) * p.steps_per_epoch for p in phases)
+    warmup = _steps_to_epoch(phases, config.warmup_epochs)
+    return RunLength(phases[0].steps_per_epoch, total, warmup, phases)
+
+
+def _steps_to_epoch(phases, epochs):
+    """The step (rounded) at which `epochs` (fractional, <= the run's) are done."""
+    step = 0
+    for phase in phases:
+        inside = min(max(epochs - phase.first_epoch, 0), phase.end_epoch - phase.first_epoch)
+        step += inside * phase.steps_per_epoch
+    return round(step)

@@ -65,6 +65,13 @@ def train_and_evaluate(config):
             f"the {replicas} replicas of {runtime.flag}."
         )
     length = run_length(config, data.info.num_train)
+    for number, phase in enumerate(length.phases, 1):
+        if phase.global_batch_size % replicas:
+            raise ConfigError(
+                f"--batch_schedule={config.batch_schedule}: phase {number} (epoch "
+                f"{phase.first_epoch}) has global batch {phase.global_batch_size}, not "
+                f"divisible by the {replicas} replicas of {runtime.flag}."
+            )
     record = model_dir.prepare(config, data.info, runtime.strategy)
     run = Run(config, runtime, data, length, record, preemption)
     chief = keras_lars.distribute.is_chief(runtime.strategy)
@@ -111,7 +118,9 @@ def _restore(run, rollback):
     config = run.config
 
     def build_at(rate_factor):
-        schedule = build.learning_rate_schedule(config, run.length, rate_factor)
+        schedule = build.learning_rate_schedule(
+            config, run.length, run.data.info.num_train, rate_factor
+        )
         with run.runtime.strategy.scope():
             model = build.compiled_model(config, run.data.info.num_classes, schedule)
             state = checkpoints.restore(model, model_dir.checkpoint_dir(config.model_dir))
@@ -141,17 +150,23 @@ def _fit(run, model, schedule, state):
     start, skip = state["epochs_done"], state.get("steps_done", 0)
     if start >= length.epochs:
         return
-    validation, validation_steps = None, []
-    if config.eval:
-        validation, validation_steps = feed.evaluation(run.data, config.global_batch_size, strategy)
     fit_callbacks = make_callbacks(run, schedule, state)
 
-    def fit(first_epoch, end_epoch, steps_per_epoch, skip=0):
+    def evaluation(data):
+        if not config.eval:
+            return None, []
+        return feed.evaluation(data, config.global_batch_size, strategy)
+
+    default_evaluation = evaluation(run.data)
+
+    def fit(first_epoch, end_epoch, steps_per_epoch, skip=0, phase=None):
+        data, batch = run.data, config.global_batch_size
+        if phase is not None:  # its batch, and its images: at its size, evaluated at it
+            data, batch = phase.data, phase.global_batch_size
         train = strategy.distribute_datasets_from_function(
-            feed.train_stream(
-                run.data, length, first_epoch, config.global_batch_size, skip, end_epoch
-            )
+            feed.train_stream(data, length, first_epoch, batch, skip, end_epoch)
         )
+        validation, validation_steps = phase.evaluation if phase else default_evaluation
         model.fit(
             train,
             epochs=end_epoch,
@@ -175,6 +190,9 @@ def _fit(run, model, schedule, state):
                     f"stopped by {run.preemption.signal} before training {resumed}; "
                     "run the same command to resume"
                 )
+            if length.phases:
+                _fit_phases(run, model, fit, evaluation, start, skip)
+                return
             if skip:  # the rest of the epoch a checkpoint was taken inside
                 fit(start, start + 1, length.steps_in(start) - skip, skip)
                 start += 1
@@ -185,17 +203,53 @@ def _fit(run, model, schedule, state):
         raise
 
 
+def _fit_phases(run, model, fit, evaluation, start, skip):
+    """--batch_schedule / --image_size_schedule: from epoch `start` (`skip`
+    steps of it done), one fit per phase, each with its batch and its
+    images. In one process each phase gets a train function of its own,
+    traced for its static shapes (Keras's retrace would relax the batch
+    dimension). Between TensorFlow workers Keras retraces its own: a fresh
+    function hung in its first collective there (TF 2.21, 2 workers).
+    optimizer.iterations runs on across phases."""
+    for phase in run.length.phases:
+        if phase.end_epoch <= start:
+            continue
+        data = feed.data_at(run.data, run.config, phase.image_size)
+        fed = FedPhase(phase.global_batch_size, data, evaluation(data))
+        if run.runtime.single_process:  # a fresh step for this phase's static shapes
+            model.train_function = None
+        if skip:  # the rest of the epoch a checkpoint was taken inside
+            fit(start, start + 1, phase.steps_per_epoch - skip, skip, fed)
+            start, skip = start + 1, 0
+        if start < phase.end_epoch:
+            fit(start, phase.end_epoch, phase.steps_per_epoch, phase=fed)
+            start = phase.end_epoch
+
+
+@dataclasses.dataclass(frozen=True)
+class FedPhase:
+    """What a phase's fits read: its global batch, its DataSource and
+    evaluation set (feed.evaluation's pair, or (None, []))."""
+
+    global_batch_size: int
+    data: object
+    evaluation: tuple
+
+
 def make_callbacks(run, schedule, state):
     """The fit's callbacks, in the order Keras calls them."""
     config = run.config
     counter = callbacks.StepCounter(run.length, (state["epochs_done"], state.get("steps_done", 0)))
     throughput = callbacks.Throughput(counter, config.global_batch_size, run.rates)
+    if run.length.phases:  # the batch of each epoch's phase
+        throughput.batch_of_epoch = lambda epoch: run.length.phase_of(epoch).global_batch_size
     found = [
         counter,
         callbacks.ReseedDropout(counter, state.get("seed_generators", {})),
         throughput,
         callbacks.ProgressLine(counter, config.log_every_seconds),
         callbacks.LearningRateLog(counter, schedule),
+        *([callbacks.BatchLog(run.length, config.image_size)] if run.length.phases else []),
         Checkpointing(run, state, counter, throughput),
         callbacks.ProgressBar(run.length),
     ]

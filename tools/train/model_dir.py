@@ -227,12 +227,14 @@ def write_summary(config, length, history, wall_seconds, strategy=None, rates=()
         "history": history,
         "config": dataclasses.asdict(config),
     }
+    if length.phases:  # --batch_schedule; each epoch's batch and rate are in the history
+        summary["phases"] = [dataclasses.asdict(phase) for phase in length.phases]
     if is_chief(strategy):
         storage.write_json(os.path.join(config.model_dir, "summary.json"), summary)
     shown = " ".join(
         f"{k}={v:.4f}"
         for k, v in summary["final"].items()
-        if k not in ("epoch", "steps", "learning_rate")
+        if k not in ("epoch", "steps", "learning_rate", "global_batch_size", "image_size")
     )
     throughput = summary["train_images_per_second"]
     print(
