@@ -372,3 +372,128 @@ def test_precise_bn_sets_moving_statistics_to_the_average_of_batch_statistics():
         second.moving_variance.numpy(), np.mean([d.var(0) for d in dense], 0), rtol=1e-4
     )
     assert first.momentum == second.momentum == 0.9
+
+
+CONTROL = ["--optimizers=sgd,lars,lamb", "--batch_sizes=256,1024", "--seeds=1"]
+
+
+def test_batch_control_cells_follow_their_rules():
+    # N = 4096, --train_epochs=10, phases (0, 256), (3, 512), (6, 1024).
+    study = parse(*CONTROL, "--control_schedule=0:256,3:512,6:1024", "--lr_scaling=lars=sqrt")
+    cells = batch_study.make_cells(study, 4096)
+    control = [c for c in cells if c.kind != "grid"]
+    assert [(c.optimizer, c.kind) for c in control] == [
+        (o, k) for o in ("sgd", "lars", "lamb") for k in ("fixed", "ramp", "grow")
+    ]
+    grid = {(c.optimizer, c.batch_size): c for c in cells if c.kind == "grid"}
+    ramp_steps = 3 * (4096 // 256) + 3 * (4096 // 512) + 4 * (4096 // 1024)  # 88
+    base = {"sgd": 0.1, "lars": 2.5, "lamb": 0.01}
+    for cell in control:
+        config, o = cell.config, cell.optimizer
+        assert cell.batch_size == 1024
+        if cell.kind == "fixed":  # the grid's batch-1024 cell, trained once
+            assert cell.key == grid[(o, 1024)].key and config.batch_schedule == ""
+            assert cell.length.total_steps == 10 * 4
+            continue
+        assert config.batch_schedule == "0:256,3:512,6:1024"
+        assert config.global_batch_size == 256 and cell.length.total_steps == ramp_steps
+        scale = (256 / 256) ** (0.5 if o in ("lars", "lamb") else 1.0)
+        assert config.peak_learning_rate == pytest.approx(base[o] * scale)
+        if cell.kind == "ramp":
+            assert config.batch_coupling == ("sqrt" if o in ("lars", "lamb") else "linear")
+            assert config.end_learning_rate == study.shared.end_learning_rate
+        else:  # grow: the first batch's rate, held after warmup
+            assert config.batch_coupling == "grow"
+            assert config.end_learning_rate == config.peak_learning_rate
+    assert len({c.key for c in cells}) == len(cells) - 3  # the fixed cells are grid cells
+    assert (
+        "ramp" in control[1].name and control[1].label == "sgd ramp batch=0:256,3:512,6:1024 seed=0"
+    )
+    only = parse(*CONTROL, "--control_schedule=0:256,3:512", "--control_optimizers=lars")
+    kinds = [(c.optimizer, c.kind) for c in batch_study.make_cells(only, 4096)]
+    assert kinds[-3:] == [("lars", "fixed"), ("lars", "ramp"), ("lars", "grow")]
+    assert len(kinds) == 6 + 3
+    none = parse(*CONTROL, "--control_optimizers=lars")  # no schedule: no control cells
+    assert all(c.kind == "grid" for c in batch_study.make_cells(none, 4096))
+
+
+def test_keys_leave_out_settings_at_their_defaults():
+    config = batch_study.make_cells(parse(), 1438)[0].config
+    key = batch_study.cell_key(config)
+    # Spelling out a default changes nothing; moving off it does.
+    assert batch_study.cell_key(dataclasses.replace(config, batch_coupling="grow")) == key
+    assert batch_study.cell_key(dataclasses.replace(config, batch_coupling="sqrt")) != key
+    assert batch_study.cell_key(dataclasses.replace(config, batch_schedule="0:32,2:64")) != key
+
+
+@pytest.mark.parametrize(
+    "argv, culprit",
+    [
+        (["--control_schedule=0:1024"], "--control_schedule=0:1024: a ramp needs two phases"),
+        (["--control_schedule=0:512,3:256"], "--control_schedule=0:512,3:256: each phase's"),
+        (["--control_schedule=1:256,3:512"], "--control_schedule=1:256,3:512: .*epoch 0"),
+        (["--control_schedule=0:256,x"], "--control_schedule=0:256,x: .*phase 2"),
+        (
+            ["--optimizers=sgd,lars", "--control_schedule=0:64,2:128", "--control_optimizers=lamb"],
+            "--control_optimizers=lamb: lamb is not one of --optimizers=sgd,lars",
+        ),
+    ],
+)
+def test_bad_control_flags_name_the_flag(argv, culprit):
+    with pytest.raises(train.ConfigError, match=culprit):
+        parse(*argv)
+
+
+def test_control_schedules_that_do_not_fit_are_refused_before_training():
+    for argv, culprit in (
+        (["--control_schedule=0:256,2:2048"], "--control_schedule=0:256,2:2048: 2048 exceeds"),
+        (
+            ["--control_schedule=0:32,12:64"],
+            "--control_schedule=0:32,12:64: phase 2 starts at epoch 12",
+        ),
+    ):
+        with pytest.raises(train.ConfigError, match=culprit):
+            batch_study.make_cells(parse(*argv), 1438)
+
+
+def test_batch_control_cells_train_and_are_tabled(tmp_path):
+    study_dir = str(tmp_path / "study")
+    argv = [
+        "--image_size=8",
+        "--train_epochs=2",
+        "--warmup_epochs=0",
+        "--optimizers=sgd",
+        "--batch_sizes=512",
+        "--seeds=1",
+        "--control_schedule=0:256,1:512",
+        f"--study_dir={study_dir}",
+    ]
+    _, trained = batch_study.run_study(parse(*argv))
+    assert len(trained) == 3  # grid 512 (= fixed), ramp, grow
+    rows = read_csv(os.path.join(study_dir, "batch_control.csv"))
+    assert [(r["kind"], r["batch_schedule"]) for r in rows] == [
+        ("fixed", "0:512"),
+        ("ramp", "0:256,1:512"),
+        ("grow", "0:256,1:512"),
+    ]
+    n = 1438
+    assert [int(r["steps"]) for r in rows] == [2 * (n // 512)] + [n // 256 + n // 512] * 2
+    assert read_csv(os.path.join(study_dir, "cells.csv"))[0]["key"] == rows[0]["key"]
+    # The rate after each epoch (at e = 1, 2 epochs done), closed form: f(e) =
+    # end + (peak - end) * (1 - e / 2)^2. fixed: peak 0.2 (0.1 * 512 / 256); ramp:
+    # peak 0.1 at batch 256, times 512 / 256 from e = 1 (phase 2); grow holds 0.1.
+    rates = {}
+    for row in rows:
+        stored = (json.loads(line) for line in store_lines(study_dir))
+        record = next(r for r in stored if r["key"] == row["key"])
+        rates[row["kind"]] = [epoch["learning_rate"] for epoch in record["history"]]
+    end = 1e-4
+
+    def f(peak, e):
+        return end + (peak - end) * (1 - e / 2) ** 2
+
+    assert rates["fixed"] == pytest.approx([f(0.2, 1), f(0.2, 2)], rel=1e-6)
+    assert rates["ramp"] == pytest.approx([2 * f(0.1, 1), 2 * f(0.1, 2)], rel=1e-6)
+    assert rates["grow"] == pytest.approx([0.1, 0.1], rel=1e-6)
+    with Image.open(os.path.join(study_dir, "batch_control.png")) as image:
+        assert image.format == "PNG" and min(image.size) > 100

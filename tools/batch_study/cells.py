@@ -5,6 +5,19 @@ A cell trains for the study's --train_epochs, so a larger batch takes fewer
 steps: steps = epochs * floor(N / B) for N training examples (B = N for
 "full": one step per epoch). Its peak rate is its optimizer's base rate per
 256 examples scaled by its rule (`train.scaled_learning_rate`).
+
+With --control_schedule, phases (E_k, B_k) k = 0..K, each of
+--control_optimizers also gets three batch-control cells (KINDS), at the
+same epochs:
+
+    fixed   B_K throughout, as a grid cell (the same cell if B_K is in the grid)
+    ramp    the phases; rate f(e) * r(B_k / B_0), r the optimizer's scaling
+            rule (linear: Goyal et al. 2017; sqrt: You et al. 2020), peak
+            rate that of B_0, so the last phase's equals the fixed cell's
+    grow    the phases; the rate of B_0, held after warmup (end rate = peak):
+            the batch grows instead of the rate decaying (Smith et al. 2018)
+
+with f the warmup + decay curve in epochs done (keras_lars.EpochWarmupPolyDecay).
 """
 
 import dataclasses
@@ -12,6 +25,7 @@ import hashlib
 import json
 import os
 
+import keras_lars
 from keras_lars.tools import settings
 from keras_lars.tools import train
 from keras_lars.tools.batch_study.study import FULL
@@ -21,6 +35,10 @@ from keras_lars.tools.settings import ConfigError
 # Part of every cell's key: bump it when what a cell measures changes, so
 # that stored cells measured the old way are not reused.
 PROTOCOL = 3
+GRID = "grid"
+KINDS = (GRID, "fixed", "ramp", "grow")
+# The tool's --batch_coupling for a ramp under each --lr_scaling rule.
+RAMP_COUPLING = {"linear": "linear", "sqrt": "sqrt", "none": "grow"}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -28,37 +46,60 @@ class Cell:
     """One run of the study: its grid point, Config, run length and key."""
 
     optimizer: str
-    batch_size: int
+    batch_size: int  # the last phase's under a batch schedule
     seed: int
     config: train.Config
     length: train.RunLength
     key: str
+    kind: str = GRID  # one of KINDS
 
     @property
     def name(self):
-        return f"{self.optimizer}-b{self.batch_size}-s{self.seed}-{self.key[:10]}"
+        kind = "" if self.kind == GRID else f"-{self.kind}"
+        return f"{self.optimizer}{kind}-b{self.batch_size}-s{self.seed}-{self.key[:10]}"
+
+    @property
+    def label(self):
+        """How progress lines name the cell."""
+        schedule = self.config.batch_schedule
+        batch = f"batch={schedule}" if schedule else f"batch={self.batch_size}"
+        kind = "" if self.kind == GRID else f"{self.kind} "
+        return f"{self.optimizer} {kind}{batch} seed={self.seed}"
 
 
 def cell_key(config):
     """A hash of the settings of `config` that decide its numbers (all but
-    the resumable ones: where and how it runs, logs and checkpoints) and
-    PROTOCOL."""
+    the resumable ones: where and how it runs, logs and checkpoints; a
+    setting at the tool's default is left out, so that a new setting does
+    not change the keys of stored cells) and PROTOCOL."""
     fields = {
         f.name: getattr(config, f.name)
         for f in settings.fields(config)
-        if not f.metadata["resumable"]
+        if not f.metadata["resumable"] and getattr(config, f.name) != f.default
     }
     fields["study_protocol"] = PROTOCOL
     text = json.dumps(fields, sort_keys=True)
     return hashlib.sha256(text.encode()).hexdigest()[:20]
 
 
-def cell_config(study, optimizer, batch_size, seed):
-    """The training Config of one cell: the shared settings with the cell's
-    `CellSettings` (its model dir: the study dir)."""
+def cell_config(study, optimizer, batch_size, seed, kind=GRID):
+    """The training Config of one cell of `kind`: the shared settings with
+    the cell's `CellSettings` (its model dir: the study dir); a ramp or grow
+    cell starts at --control_schedule's first batch (module docstring)."""
     base, rule = study.rates[optimizer]
-    cell = CellSettings(optimizer, batch_size, base, rule, seed, model_dir=study.study_dir)
-    return dataclasses.replace(study.shared, **dataclasses.asdict(cell))
+    control = {}
+    if kind in ("ramp", "grow"):
+        phases = keras_lars.BatchSchedule.parse(study.control_schedule).phases
+        batch_size = phases[0].global_batch_size
+        coupling = RAMP_COUPLING[rule] if kind == "ramp" else "grow"
+        control = {"batch_schedule": study.control_schedule, "batch_coupling": coupling}
+    cell = CellSettings(
+        optimizer, batch_size, base, rule, seed, model_dir=study.study_dir, **control
+    )
+    config = dataclasses.replace(study.shared, **dataclasses.asdict(cell))
+    if kind == "grow":
+        config = dataclasses.replace(config, end_learning_rate=config.peak_learning_rate)
+    return config
 
 
 def resolve_batch_sizes(study, num_train):
@@ -78,19 +119,43 @@ def resolve_batch_sizes(study, num_train):
     return sorted(sizes)
 
 
+def _control_cells(study, num_train):
+    """(optimizer, last batch, kind) of the batch-control cells."""
+    if not study.control_schedule:
+        return []
+    phases = keras_lars.BatchSchedule.parse(study.control_schedule).phases
+    last = phases[-1].global_batch_size
+    if last > num_train:
+        raise ConfigError(
+            f"--control_schedule={study.control_schedule}: {last} exceeds the {num_train} "
+            "training examples (an epoch would have no step)."
+        )
+    return [(o, last, kind) for o in study.control_optimizers for kind in KINDS[1:]]
+
+
 def make_cells(study, num_train):
-    """Every cell, seed by seed (an interrupted study has whole seeds first);
-    each cell's run length is checked before anything is trained."""
+    """Every cell, seed by seed (an interrupted study has whole seeds first),
+    the grid's, then the batch-control cells; each cell's run length is
+    checked before anything is trained. A fixed cell equal to a grid cell
+    has its key (and is trained once)."""
     cells = []
     for seed in range(study.seeds):
-        for optimizer in study.optimizers:
-            for batch in resolve_batch_sizes(study, num_train):
-                config = cell_config(study, optimizer, batch, seed)
-                key = cell_key(config)
+        grid = [
+            (o, b, GRID) for o in study.optimizers for b in resolve_batch_sizes(study, num_train)
+        ]
+        for optimizer, batch, kind in grid + _control_cells(study, num_train):
+            try:
+                config = cell_config(study, optimizer, batch, seed, kind)
                 length = train.run_length(config, num_train)
-                cell = Cell(optimizer, batch, seed, config, length, key)
-                config = dataclasses.replace(
-                    config, model_dir=os.path.join(study.study_dir, "cells", cell.name)
-                )
-                cells.append(dataclasses.replace(cell, config=config))
+            except ConfigError as error:
+                if kind == GRID:
+                    raise
+                # The tool names its --batch_schedule: the study's flag is --control_schedule.
+                text = str(error).removeprefix(f"--batch_schedule={study.control_schedule}: ")
+                raise ConfigError(f"--control_schedule={study.control_schedule}: {text}") from None
+            cell = Cell(optimizer, batch, seed, config, length, cell_key(config), kind)
+            config = dataclasses.replace(
+                config, model_dir=os.path.join(study.study_dir, "cells", cell.name)
+            )
+            cells.append(dataclasses.replace(cell, config=config))
     return cells

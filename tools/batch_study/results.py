@@ -9,6 +9,7 @@ import os
 import numpy as np
 
 from keras_lars.tools import storage
+from keras_lars.tools.batch_study.cells import GRID
 
 ROW_FIELDS = (
     "optimizer",
@@ -32,6 +33,21 @@ ROW_FIELDS = (
 
 
 ACCURACIES = ("test_accuracy", "test_accuracy_precise_bn")
+
+# The batch-control table: one row per fixed / ramp / grow cell.
+CONTROL_FIELDS = (
+    "optimizer",
+    "kind",
+    "batch_schedule",
+    "seed",
+    "test_accuracy",
+    "test_accuracy_precise_bn",
+    "train_accuracy",
+    "steps",
+    "peak_learning_rate",
+    "wall_seconds",
+    "key",
+)
 
 
 AGGREGATE_FIELDS = (
@@ -154,9 +170,60 @@ def plot(aggregated, path, title, num_train):
         figure.savefig(f, format="png")
 
 
+def control_rows(cells, records):
+    """The CONTROL_FIELDS rows of the batch-control cells found in `records`
+    (a fixed cell's schedule is its one batch, "0:B")."""
+    found = []
+    for cell in cells:
+        if cell.kind == GRID or cell.key not in records:
+            continue
+        schedule = cell.config.batch_schedule or f"0:{cell.batch_size}"
+        row = dict(records[cell.key]["row"], kind=cell.kind, batch_schedule=schedule)
+        found.append({field: row[field] for field in CONTROL_FIELDS})
+    return found
+
+
+def plot_control(rows, path, title):
+    """Test accuracy (precise BN) of each batch-control cell as a bar, one
+    group per optimizer, labelled with its parameter updates."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    figure = Figure(figsize=(8, 4.2), dpi=100)
+    FigureCanvasAgg(figure)
+    axes = figure.subplots()
+    optimizers = list(dict.fromkeys(row["optimizer"] for row in rows))
+    kinds = list(dict.fromkeys(row["kind"] for row in rows))
+    width = 0.8 / len(kinds)
+    for j, kind in enumerate(kinds):
+        for i, optimizer in enumerate(optimizers):
+            group = [r for r in rows if r["optimizer"] == optimizer and r["kind"] == kind]
+            if not group:
+                continue
+            accuracy = float(np.mean([r["test_accuracy_precise_bn"] for r in group]))
+            x = i + (j - (len(kinds) - 1) / 2) * width
+            axes.bar(x, accuracy, width, color=f"C{j}", label=kind if i == 0 else None)
+            axes.annotate(
+                f"{group[0]['steps']} steps", (x, accuracy), ha="center", va="bottom", fontsize=7
+            )
+    axes.set_xticks(range(len(optimizers)))
+    axes.set_xticklabels(optimizers)
+    axes.set_ylim(0, 1.05)
+    axes.set_ylabel("test accuracy (precise BN)")
+    axes.legend(title="cell", loc="lower right")
+    axes.grid(True, axis="y", alpha=0.3)
+    figure.suptitle(title, fontsize=9)
+    figure.tight_layout()
+    with storage.atomic_file(path, "wb") as f:
+        figure.savefig(f, format="png")
+
+
 def write_outputs(study, cells, records, num_train):
-    """Tables and plot of the cells of `study` found in `records`."""
-    rows = [records[c.key]["row"] for c in cells if c.key in records]
+    """Tables and plots of the cells of `study` found in `records`: the
+    grid's (cells, aggregate, accuracy_vs_batch.png) and the batch-control
+    cells' (batch_control, batch_control.png)."""
+    grid = [c for c in cells if c.kind == GRID]
+    rows = [records[c.key]["row"] for c in grid if c.key in records]
     if not rows:
         return
     any_config = cells[0].config
@@ -177,8 +244,9 @@ def write_outputs(study, cells, records, num_train):
             "lr_scaling": {k: v[1] for k, v in study.rates.items()},
             "batch_sizes": sorted({c.batch_size for c in cells}),
             "seeds": study.seeds,
-            "cells_done": len(rows),
-            "cells_total": len(cells),
+            "control_schedule": study.control_schedule,
+            "cells_done": len({c.key for c in cells if c.key in records}),
+            "cells_total": len({c.key for c in cells}),
         }
     }
     aggregated = aggregate(rows)
@@ -190,3 +258,11 @@ def write_outputs(study, cells, records, num_train):
         f"epochs, {study.seeds} seed(s); mean ± std over seeds"
     )
     plot(aggregated, os.path.join(study.study_dir, "accuracy_vs_batch.png"), title, num_train)
+    control = control_rows(cells, records)
+    if control:
+        write_table(os.path.join(study.study_dir, "batch_control"), CONTROL_FIELDS, control, header)
+        plot_control(
+            control,
+            os.path.join(study.study_dir, "batch_control.png"),
+            f"{title}\nbatch control: {study.control_schedule}",
+        )

@@ -109,7 +109,7 @@ def _run_cells(study, preemption):
     records = load_store(store_path, ROW_FIELDS)
     trained = []
     for i, cell in enumerate(cells, 1):
-        where = f"[{i}/{len(cells)}] {cell.optimizer} batch={cell.batch_size} seed={cell.seed}"
+        where = f"[{i}/{len(cells)}] {cell.label}"
         if cell.key in records:
             print(f"{where}: done before ({cell.name})", flush=True)
             continue

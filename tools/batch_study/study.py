@@ -11,8 +11,10 @@ as the tool reads and checks them.
 """
 
 import dataclasses
+import itertools
 import math
 
+import keras_lars
 from keras_lars.tools import settings
 from keras_lars.tools import train
 from keras_lars.tools.settings import ConfigError
@@ -46,6 +48,8 @@ class CellSettings:
     stop_on_divergence: bool = False  # a cell that diverges is a result (chance accuracy)
     divergence_rollbacks: int = 0  # so no rollback either
     divergence_rate_factor: float = train.Config.divergence_rate_factor  # unused: no rollback
+    batch_schedule: str = ""  # a batch-control cell's phases
+    batch_coupling: str = train.Config.batch_coupling
 
 
 PER_CELL = tuple(field.name for field in dataclasses.fields(CellSettings))
@@ -124,6 +128,20 @@ def _batch_sizes_problem(entries, config):
     return None
 
 
+def _control_schedule_problem(text, config):
+    if not text:
+        return None
+    try:
+        phases = keras_lars.BatchSchedule.parse(text).phases
+    except ValueError as error:
+        return str(error)
+    if len(phases) < 2:
+        return "a ramp needs two phases or more, e.g. 0:1024,3:4096"
+    if any(b.global_batch_size <= a.global_batch_size for a, b in itertools.pairwise(phases)):
+        return "each phase's batch must be larger than the one before (a ramp)"
+    return None
+
+
 def _optimizers_problem(names, config):
     if not names:
         return "name at least one optimizer"
@@ -158,6 +176,21 @@ class StudySettings:
         "optimizers not listed keep their default.",
     )
     lr_scaling: tuple = per_optimizer("lr_scaling", "rule", DEFAULT_SCALING)
+    control_schedule: str = setting(
+        "",
+        "Batch-control cells: a ramp of epoch:global batch phases (the training tool's "
+        "--batch_schedule syntax, e.g. 0:1024,3:4096,6:16384). Each of --control_optimizers "
+        "then adds, at the same epochs: fixed (the ramp's last batch throughout), ramp (its "
+        "phases, the rate scaled with the batch by the optimizer's --lr_scaling rule) and "
+        "grow (its phases, the first batch's rate held after warmup: Smith et al. 2018). "
+        "Empty: none.",
+        check=_control_schedule_problem,
+    )
+    control_optimizers: tuple = setting(
+        (),
+        "Optimizers that get the batch-control cells; empty: every one of --optimizers.",
+        choices=train.OPTIMIZERS,
+    )
     study_dir: str = setting(
         "runs/batch_study",
         "Store, tables, plot and cell model dirs (a local directory).",
@@ -179,6 +212,8 @@ class Study:
     seeds: int
     rates: dict  # optimizer -> (base rate per 256 examples, scaling rule)
     study_dir: str
+    control_schedule: str = ""  # the batch-control ramp's phases, "" for none
+    control_optimizers: tuple = ()
 
 
 def make_study(own, shared):
@@ -206,6 +241,12 @@ def make_study(own, shared):
             f"{culprit}: the study trains its cells one after another in one process; "
             "give it the devices of one machine (--strategy=mirrored or --distribution)."
         )
+    strays = [name for name in own.control_optimizers if name not in own.optimizers]
+    if strays:
+        raise ConfigError(
+            f"--control_optimizers={','.join(own.control_optimizers)}: {strays[0]} is not one "
+            f"of --optimizers={','.join(own.optimizers)}."
+        )
     return Study(
         base,
         own.optimizers,
@@ -213,4 +254,6 @@ def make_study(own, shared):
         own.seeds,
         {name: (bases[name], rules[name]) for name in own.optimizers},
         own.study_dir,
+        own.control_schedule,
+        (own.control_optimizers or own.optimizers) if own.control_schedule else (),
     )
