@@ -6,14 +6,16 @@ all-reduce algorithm.
     keras-lars-plan --devices=1024 --global_batch_size=32768 --algorithm=torus2d
     keras-lars-plan --model=alexnet --global_batch_size=1024 --layers
     keras-lars-plan --records        # published ImageNet records: published vs predicted
+    keras-lars-plan --devices=128 --batch_schedule=0:4096,30:8192,60:16384 \
+        --image_size_schedule=0:128,40:192,80:224     # a phased plan: one row a phase
 
 (also `python -m keras_lars.tools.plan`; `--help` documents every input).
 One step over p devices, b = B / p images each:
 
     step = (b + b_half) t_image / u + c_fixed + max(0, allreduce(n) - backward) + input stall
 
-The modules, data flowing one way (cli -> pipeline -> step -> device,
-cost_models; records and calibration are data):
+The modules, data flowing one way (cli -> phases, pipeline -> step ->
+device, cost_models; records and calibration are data):
 
     cost_models  the all-reduce alpha-beta models: ring, tree, halving_doubling,
                  hierarchical, torus2d (formulas and sources in their docstrings)
@@ -22,6 +24,8 @@ cost_models; records and calibration are data):
     calibration  published and measured per-device throughputs; u, b_half and
                  c_fixed fitted from them
     memory       what a device holds at its batch, and whether it fits
+    phases       a run in phases (--batch_schedule, --image_size_schedule): each
+                 phase the plain plan of its batch, image size and epochs, summed
     step         one step, the whole run, the per-layer data- vs model-parallel
                  bytes, the records' predictions, ranges and leave-one-out
     pipeline     GPipe estimates: stages, micro-batches, bubble, memory
@@ -53,9 +57,11 @@ from keras_lars.tools.plan.cli import grid_text
 from keras_lars.tools.plan.cli import layers_text
 from keras_lars.tools.plan.cli import main
 from keras_lars.tools.plan.cli import neighbourhood
+from keras_lars.tools.plan.cli import phased_text
 from keras_lars.tools.plan.cli import plan_text
 from keras_lars.tools.plan.cli import records_markdown
 from keras_lars.tools.plan.cli import records_text
+from keras_lars.tools.plan.cli import report_text
 from keras_lars.tools.plan.cli import run
 from keras_lars.tools.plan.collectives import layout_bytes
 from keras_lars.tools.plan.collectives import plan_layout
@@ -87,6 +93,10 @@ from keras_lars.tools.plan.memory import MemoryEstimate
 from keras_lars.tools.plan.memory import activation_elements
 from keras_lars.tools.plan.memory import largest_batch
 from keras_lars.tools.plan.memory import memory_estimate
+from keras_lars.tools.plan.phases import PhasedPlan
+from keras_lars.tools.plan.phases import PhasePlan
+from keras_lars.tools.plan.phases import PhaseSpan
+from keras_lars.tools.plan.phases import phase_spans
 from keras_lars.tools.plan.pipeline import PipelinePlan
 from keras_lars.tools.plan.pipeline import bubble_fraction
 from keras_lars.tools.plan.pipeline import pipeline_candidates
@@ -145,6 +155,9 @@ __all__ = [
     "LeaveOneOut",
     "MemoryEstimate",
     "ModelProfile",
+    "PhasePlan",
+    "PhaseSpan",
+    "PhasedPlan",
     "PipelinePlan",
     "PlanSettings",
     "Record",
@@ -175,6 +188,8 @@ __all__ = [
     "memory_estimate",
     "model_profile",
     "neighbourhood",
+    "phase_spans",
+    "phased_text",
     "pipeline_candidates",
     "pipeline_plan",
     "plan_layout",
@@ -188,6 +203,7 @@ __all__ = [
     "records_markdown",
     "records_rows",
     "records_text",
+    "report_text",
     "ring_allreduce",
     "run",
     "split_stages",

@@ -1,10 +1,13 @@
 """keras-lars-plan: the flags (`PlanSettings`), the text reports and the
 entry point `run`."""
 
+import contextlib
 import dataclasses
 
 from absl import app
 
+from keras_lars import BatchSchedule
+from keras_lars.batch_schedule import parse_phases
 from keras_lars.layerwise import ALLREDUCE_DTYPES
 from keras_lars.models import BUILDERS
 from keras_lars.recipes import IMAGENET_TRAIN_EXAMPLES
@@ -23,6 +26,9 @@ from keras_lars.tools.plan.device import model_profile
 from keras_lars.tools.plan.hybrid import hybrid_plan
 from keras_lars.tools.plan.memory import largest_batch
 from keras_lars.tools.plan.memory import memory_estimate
+from keras_lars.tools.plan.phases import PhasedPlan
+from keras_lars.tools.plan.phases import PhasePlan
+from keras_lars.tools.plan.phases import phase_spans
 from keras_lars.tools.plan.pipeline import pipeline_candidates
 from keras_lars.tools.plan.records import CALIBRATED_UTILIZATION
 from keras_lars.tools.plan.records import CALIBRATION_RECORD
@@ -40,6 +46,8 @@ MODELS = (*BUILDERS, "custom")  # the reference models, or totals given by flags
 DEFAULT_DEVICE = "V100-SXM2-16GB"
 DEFAULT_PER_DEVICE_BATCH = 128  # or the largest power of two that fits, if smaller
 GRADIENT_DTYPES = tuple(dtype for dtype in ALLREDUCE_DTYPES if dtype)  # keras_lars's all-reduce
+SCHEDULES = {"batch_schedule": "global_batch_size", "image_size_schedule": "image_size"}
+IMAGE_SIZE_CHECK = at_least(7)
 
 
 # --- settings ----------------------------------------------------------------------------
@@ -80,6 +88,44 @@ def _batch(value, config):
     return None
 
 
+def _schedule_problem(value, config, flag):
+    """--batch_schedule / --image_size_schedule (`flag` the one it sets):
+    phases that parse (keras_lars.BatchSchedule, as the training tool's), start
+    before --epochs, the first at `flag` (at its default it takes it)."""
+    if not value:
+        return None
+    sizes = flag == "image_size"
+    try:  # "0:1": a valid batch, to check the image sizes alone
+        schedule = BatchSchedule.parse("0:1", value) if sizes else BatchSchedule.parse(value)
+    except ValueError as error:
+        return str(error).rstrip(".")
+    if not config.epochs:
+        return "needs --epochs > 0 (0: the recipe's epochs, which are for one batch)"
+    values = [p.image_size if sizes else p.global_batch_size for p in schedule.phases]
+    for number, (phase, phase_value) in enumerate(zip(schedule.phases, values), 1):
+        if phase.epoch >= config.epochs:
+            return (
+                f"phase {number} starts at epoch {phase.epoch}, at or beyond "
+                f"--epochs={config.epochs:g}"
+            )
+        if sizes and IMAGE_SIZE_CHECK(phase_value, config):
+            return f"phase {number}: the image size {IMAGE_SIZE_CHECK(phase_value, config)}"
+    if getattr(config, flag) != values[0]:
+        return (
+            f"the first phase's {flag.replace('_', ' ')} {values[0]} differs from --{flag}="
+            f"{getattr(config, flag)} (leave that at its default or make them equal)"
+        )
+    if sizes and not config.model.startswith("resnet"):
+        return f"needs a resnet --model (global pooling takes any size), not {config.model}"
+    return None
+
+
+def _one_batch(value, config):
+    if value and any(getattr(config, name) for name in SCHEDULES):
+        return "plans one batch and image size: not with --batch_schedule / --image_size_schedule"
+    return None
+
+
 def _from_device(value, config):
     return None if value >= 0 else "must be >= 0 (0: --device's)"
 
@@ -95,7 +141,7 @@ class PlanSettings:
         "its Keras definition) or custom (give --parameters and --forward_gflops).",
         choices=MODELS,
     )
-    image_size: int = setting(224, "Training image side.", check=at_least(7))
+    image_size: int = setting(224, "Training image side.", check=IMAGE_SIZE_CHECK)
     parameters: int = setting(
         0,
         "Trainable parameters of a custom model.",
@@ -202,8 +248,25 @@ class PlanSettings:
     examples: int = setting(
         IMAGENET_TRAIN_EXAMPLES, "Training examples in one epoch.", check=at_least(1)
     )
+    batch_schedule: str = setting(
+        "",
+        "The global batch by epoch, as keras-lars-train's: phases epoch:global batch, e.g. "
+        "0:4096,30:8192 (the first at epoch 0, all before --epochs, each batch a multiple of "
+        "--devices); each phase is planned at its batch and the times summed "
+        "(tools/plan/phases.py). Empty: the constant --global_batch_size.",
+        check=lambda value, config: _schedule_problem(value, config, "global_batch_size"),
+    )
+    image_size_schedule: str = setting(
+        "",
+        "Progressive resizing, as keras-lars-train's: phases epoch:image side, e.g. "
+        "0:128,40:192,80:224 (resnet models); each phase's compute and activations at its "
+        "size. Empty: the constant --image_size.",
+        check=lambda value, config: _schedule_problem(value, config, "image_size"),
+    )
     layers: bool = setting(
-        False, "Print the per-layer data- vs model-parallel report and the pipeline estimate."
+        False,
+        "Print the per-layer data- vs model-parallel report and the pipeline estimate.",
+        check=_one_batch,
     )
     records: bool = setting(False, "Print the published records against the predictions.")
     layout_out: str = setting(
@@ -211,29 +274,58 @@ class PlanSettings:
         "Write the hybrid layout (the layers cheaper model-parallel split over a (batch, "
         "model) mesh, the rest data-parallel; tools/plan/hybrid.py) to this JSON file, for "
         "keras-lars-train --backend=jax --distribution=model_parallel --layout.",
+        check=_one_batch,
     )
 
     def __post_init__(self):
+        defaults = type(self).__dataclass_fields__
+        for schedule, flag in SCHEDULES.items():  # at its default, the first phase's value
+            text = getattr(self, schedule)
+            if text and getattr(self, flag) == defaults[flag].default:
+                with contextlib.suppress(ValueError):  # one that does not parse fails its check
+                    object.__setattr__(self, flag, parse_phases(text)[0][1])
         settings.check(self)
+        if not self.global_batch_size and not self.default_per_device_batch():
+            raise ConfigError(
+                f"--device={self.device}: not one image of --model={self.model} fits its "
+                f"{self.capacity() / 1e9:.1f} GB (--device_memory_gb)."
+            )
+        if self.schedule_flags():
+            self._check_phases()
+            return
         if self.global_batch_size > self.examples:
             raise ConfigError(
                 f"--global_batch_size={self.global_batch_size}: must be <= --examples "
                 f"({self.examples})."
             )
-        if self.global_batch_size:
-            memory = self.memory()
+        if self.global_batch_size and self.memory().verdict == "does not fit":
+            raise ConfigError(
+                f"--global_batch_size={self.global_batch_size}: "
+                f"{_does_not_fit(self.memory(), self.batch / self.devices)}: raise --devices "
+                "or lower the batch."
+            )
+
+    def _check_phases(self):
+        """A ConfigError naming the schedule flags and the phase whose batch
+        --examples do not hold or --devices do not divide, or whose images do
+        not fit a device's memory."""
+        flags = self.schedule_flags()
+        try:
+            self.schedule().steps_per_epoch(self.examples)
+        except ValueError as error:
+            raise ConfigError(f"{flags}: {error}") from None
+        for number, span in enumerate(self.phase_spans(), 1):
+            phase = f"{flags}: phase {number} ({span_text(span)})"
+            if span.global_batch % self.devices:
+                raise ConfigError(
+                    f"{phase}: the global batch is not divisible by --devices ({self.devices})."
+                )
+            memory = self.memory(span.global_batch, image_size=span.image_size)
             if memory.verdict == "does not fit":
                 raise ConfigError(
-                    f"--global_batch_size={self.global_batch_size}: "
-                    f"{self.batch / self.devices:g} images a device need "
-                    f"{memory.total / 1e9:.1f} GB, more than the {memory.capacity / 1e9:.1f} GB "
-                    "of --device_memory_gb / --device: raise --devices or lower the batch."
+                    f"{phase}: {_does_not_fit(memory, span.global_batch // self.devices)}: "
+                    "raise --devices or lower the phase's batch or image size."
                 )
-        elif not self.default_per_device_batch():
-            raise ConfigError(
-                f"--device={self.device}: not one image of --model={self.model} fits its "
-                f"{self.capacity() / 1e9:.1f} GB (--device_memory_gb)."
-            )
 
     # --- the device and its calibration
     def spec(self):
@@ -270,10 +362,10 @@ class PlanSettings:
             source = "given"
         return utilization, half, fixed, source
 
-    def profile(self):
+    def profile(self, image_size=None):
         if self.model == "custom":
             return custom_profile(self.parameters, self.forward_gflops * 1e9)
-        return model_profile(self.model, self.image_size)
+        return model_profile(self.model, image_size or self.image_size)
 
     def device_model(self):
         utilization, half, fixed, _ = self.device_settings()
@@ -304,11 +396,14 @@ class PlanSettings:
         """--global_batch_size, or its default."""
         return self.global_batch_size or self.devices * self.default_per_device_batch()
 
-    def memory(self, global_batch=None, devices=None):
+    def memory(self, global_batch=None, devices=None, image_size=None):
         """memory.MemoryEstimate of one device."""
         per_device = (global_batch or self.batch) / (devices or self.devices)
         return memory_estimate(
-            self.profile(), per_device, DTYPE_BYTES[self.activation_dtype], self.capacity()
+            self.profile(image_size),
+            per_device,
+            DTYPE_BYTES[self.activation_dtype],
+            self.capacity(),
         )
 
     def cluster(self, devices=None):
@@ -335,6 +430,50 @@ class PlanSettings:
             self.overlap,
             self.examples,
         )
+
+    # --- the schedule
+    def schedule_flags(self):
+        """The schedule flags given, as they read ('' if none)."""
+        given = [name for name in SCHEDULES if getattr(self, name)]
+        return " ".join(f"--{name}={getattr(self, name)}" for name in given)
+
+    def schedule(self):
+        """keras_lars.BatchSchedule of --batch_schedule and
+        --image_size_schedule (None: neither)."""
+        if not self.schedule_flags():
+            return None
+        return BatchSchedule.parse(
+            self.batch_schedule or f"0:{self.batch}", self.image_size_schedule or None
+        )
+
+    def phase_spans(self):
+        return phase_spans(self.schedule(), self.epochs, self.image_size)
+
+    def phase_settings(self, span):
+        """The plain settings of one phase: its batch, image size and epochs."""
+        return dataclasses.replace(
+            self,
+            global_batch_size=span.global_batch,
+            image_size=span.image_size,
+            epochs=float(span.epochs),
+            batch_schedule="",
+            image_size_schedule="",
+        )
+
+    def phased_plan(self):
+        """phases.PhasedPlan: each phase the plain plan of its settings."""
+        plans = []
+        for span in self.phase_spans():
+            options = self.phase_settings(span)
+            plans.append(PhasePlan(span, options.run(), options.memory()))
+        return PhasedPlan(tuple(plans))
+
+
+def _does_not_fit(memory, per_device):
+    return (
+        f"{per_device:g} images a device need {memory.total / 1e9:.1f} GB, more than the "
+        f"{memory.capacity / 1e9:.1f} GB of --device_memory_gb / --device"
+    )
 
 
 # --- output ---------------------------------------------------------------------------------
@@ -369,8 +508,6 @@ def assumptions_text(options):
             f"{half:.3g} images (--half_batch)"
         )
     epochs = f"{options.epochs:g}" if options.epochs else "keras_lars.resnet50_lars_recipe's"
-    per_device = options.batch / options.devices
-    batch_source = "--global_batch_size" if options.global_batch_size else "the default"
     return "\n".join(
         [
             "assumes",
@@ -381,10 +518,31 @@ def assumptions_text(options):
             f"  epochs        {epochs} (--epochs)",
             f"  all-reduce    {options.algorithm}, "
             f"{'overlapping' if options.overlap else 'after'} the backward pass (--overlap)",
-            f"  batch         {options.batch:,} = {options.devices} x {per_device:g} "
-            f"({batch_source})",
+            *_batch_assumptions(options),
         ]
     )
+
+
+def _batch_assumptions(options):
+    """The batch line (and under a schedule, the image size line)."""
+    source = "--global_batch_size" if options.global_batch_size else "the default"
+    if not options.schedule_flags():
+        per_device = options.batch / options.devices
+        return [
+            f"  batch         {options.batch:,} = {options.devices} x {per_device:g} ({source})"
+        ]
+    batches, sizes = [options.batch], [options.image_size]
+    if options.batch_schedule:
+        batches, source = [value for _, value in parse_phases(options.batch_schedule)], None
+    if options.image_size_schedule:
+        sizes = [value for _, value in parse_phases(options.image_size_schedule)]
+    per_device = " -> ".join(f"{batch // options.devices}" for batch in batches)
+    return [
+        f"  batch         {' -> '.join(f'{batch:,}' for batch in batches)} = "
+        f"{options.devices} x {per_device} ({source or '--batch_schedule'})",
+        f"  image size    {' -> '.join(map(str, sizes))} "
+        f"({'--image_size_schedule' if options.image_size_schedule else '--image_size'})",
+    ]
 
 
 def memory_text(memory):
@@ -399,22 +557,38 @@ def memory_text(memory):
     )
 
 
+def model_text(options, image_size=None):
+    """One line: parameters, gradient bytes, forward FLOPs (at `image_size`:
+    said so)."""
+    profile = options.profile(image_size)
+    gradient_bytes = profile.parameters * DTYPE_BYTES[options.gradient_dtype]
+    return (
+        f"model     {profile.name}: {profile.parameters:,} parameters "
+        f"({gradient_bytes / 1e6:.1f} MB of {options.gradient_dtype} gradients), "
+        f"{profile.forward_flops / 1e9:.2f} GFLOPs forward per image"
+        + (f" at {image_size}" if image_size else "")
+    )
+
+
+def cluster_text(options):
+    cluster = options.cluster()
+    return (
+        f"cluster   {options.devices} devices = {cluster.nodes} "
+        f"node{'s' if cluster.nodes > 1 else ''} x {cluster.devices_per_node}, "
+        f"{options.algorithm} all-reduce, overlap {'on' if options.overlap else 'off'}"
+    )
+
+
 def plan_text(options):
     """The report of one plan: assumptions, model, memory, step split,
     efficiency, time to train."""
-    profile, run = options.profile(), options.run()
-    step, cluster = run.step, options.cluster()
-    gradient_bytes = profile.parameters * DTYPE_BYTES[options.gradient_dtype]
+    run = options.run()
+    step = run.step
     per_device = options.batch / options.devices
     lines = [
         assumptions_text(options),
-        f"model     {profile.name}: {profile.parameters:,} parameters "
-        f"({gradient_bytes / 1e6:.1f} MB of {options.gradient_dtype} gradients), "
-        f"{profile.forward_flops / 1e9:.2f} GFLOPs forward per image",
-        f"cluster   {options.devices} devices = {cluster.nodes} "
-        f"node{'s' if cluster.nodes > 1 else ''} x {cluster.devices_per_node}, "
-        f"{options.algorithm} all-reduce, "
-        f"overlap {'on' if options.overlap else 'off'}",
+        model_text(options),
+        cluster_text(options),
         memory_text(options.memory()),
         f"step      batch {options.batch:,} ({per_device:g} a device)",
         f"  compute               {_ms(step.compute)}",
@@ -430,6 +604,65 @@ def plan_text(options):
         f"time to train           {duration(run.seconds):>9}",
     ]
     return "\n".join(lines)
+
+
+def span_text(span):
+    """'epochs 30-60: global batch 8,192, image size 224'."""
+    return (
+        f"epochs {span.first_epoch}-{span.end_epoch:g}: global batch {span.global_batch:,}, "
+        f"image size {span.image_size}"
+    )
+
+
+PHASE_HEADER = (
+    f"{'phase':<6}{'epochs':>8}{'batch':>9}{'a device':>10}{'image':>7}{'steps':>8}"
+    f"{'compute ms':>12}{'exposed ms':>12}{'step ms':>9}{'efficiency':>12}{'time':>11}  memory"
+)
+
+
+def phased_text(options):
+    """The report of a run in phases (tools/plan/phases.py): assumptions,
+    model, cluster, the all-reduce, one row a phase, the total."""
+    plan = options.phased_plan()
+    first = plan.phases[0].run.step
+    sized = options.image_size if options.image_size_schedule else None
+    lines = [
+        assumptions_text(options),
+        model_text(options, sized),
+        cluster_text(options),
+        f"all-reduce {first.communication * 1e3:.1f} ms a step in every phase (the same "
+        "gradients); exposed ms: what the backward pass does not hide",
+        PHASE_HEADER,
+    ]
+    for number, phase in enumerate(plan.phases, 1):
+        span, step, memory = phase.span, phase.run.step, phase.memory
+        lines.append(
+            f"{number:>5} {f'{span.first_epoch}-{span.end_epoch:g}':>8}{span.global_batch:>9,}"
+            f"{span.global_batch // options.devices:>10,}{span.image_size:>7}"
+            f"{phase.run.steps:>8,}{step.compute * 1e3:>12.1f}"
+            f"{step.exposed_communication * 1e3:>12.1f}{step.step * 1e3:>9.1f}"
+            f"{step.efficiency:>12.1%}{duration(phase.run.seconds):>11}  "
+            f"{memory.total / 1e9:.1f} GB {memory.verdict}"
+        )
+    lines += [
+        f"{'total':<6}{f'0-{options.epochs:g}':>8}{'':>26}{plan.steps:>8,}{'':>45}"
+        f"{duration(plan.seconds):>11}",
+        f"time to train           {duration(plan.seconds):>9}  (the sum of the "
+        f"{len(plan.phases)} phases)",
+    ]
+    return "\n".join(lines)
+
+
+def report_text(options):
+    """What keras-lars-plan prints (before --layout_out's lines): under a
+    schedule the phased plan, else the plan, the batch x devices table and,
+    with --layers, the per-layer report and the pipeline estimate."""
+    if options.schedule_flags():
+        return phased_text(options)
+    parts = [plan_text(options), grid_text(options)]
+    if options.layers:
+        parts.append(layers_text(options))
+    return "\n\n".join(parts)
 
 
 def neighbourhood(value, factors=(0.25, 0.5, 1, 2, 4)):
@@ -636,21 +869,15 @@ def records_markdown():
 
 
 def main(argv):
-    """The plan report and the batch x devices table (with --layers, the
-    per-layer report and the pipeline estimate); with --records, the records
-    table only."""
+    """report_text (and --layout_out's file and lines); with --records, the
+    records table only."""
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
     options = settings.options_from_flags(PlanSettings)
     if options.records:
         print(records_text())
         return
-    print(plan_text(options))
-    print()
-    print(grid_text(options))
-    if options.layers:
-        print()
-        print(layers_text(options))
+    print(report_text(options))
     if options.layout_out:
         print()
         print(layout_out_text(options))
