@@ -2,6 +2,8 @@
 
     nox -s matrix                           # every pair: the whole suite
     nox -t oldest -- tests/test_lars.py     # one pair (tags: oldest, newest), some tests
+    nox -s oldest_ci                        # CI's stage: the oldest pair, all but the
+                                            # version-independent modules (tests/conftest.py)
     nox -s matrix_table                     # docs/versions.md's table from the results
     nox -s wheel                            # the built wheel, installed, used from elsewhere
 
@@ -75,6 +77,21 @@ def _tags(pair):
 )
 def matrix(session, tensorflow, keras):
     """The test suite (or the tests named after --) on one pair."""
+    scope = "some tests" if session.posargs else "whole suite"
+    _suite(session, tensorflow, keras, session.posargs, scope)
+
+
+@nox.session
+def oldest_ci(session):
+    """CI's oldest-pair stage: the whole suite on the oldest pair but the
+    modules that exercise no version-dependent path (tests/conftest.py's
+    VERSION_INDEPENDENT, each with its reason), which the newest pair runs."""
+    _suite(session, *OLDEST, ["-m", "not version_independent"], "all but version-independent")
+
+
+def _suite(session, tensorflow, keras, pytest_args, scope):
+    """Installs the pair in the session's environment and runs pytest with
+    `pytest_args`, appending its row (`scope`) to RESULTS."""
     session.install(
         "-e",
         ".[cpu,tools,test,jax]",
@@ -97,9 +114,9 @@ def matrix(session, tensorflow, keras):
     report = os.path.join(session.create_tmp(), "junit.xml")
     started = time.time()
     try:
-        session.run("python", "-m", "pytest", "-q", f"--junitxml={report}", *session.posargs)
+        session.run("python", "-m", "pytest", "-q", f"--junitxml={report}", *pytest_args)
     finally:
-        _record(versions, report, time.time() - started, bool(session.posargs))
+        _record(versions, report, time.time() - started, scope)
 
 
 def _on_jax(case):
@@ -108,7 +125,7 @@ def _on_jax(case):
     return "jax" in name
 
 
-def _record(versions, report, seconds, partial):
+def _record(versions, report, seconds, scope):
     if not os.path.exists(report):
         return
     suite = ElementTree.parse(report).getroot()
@@ -130,7 +147,7 @@ def _record(versions, report, seconds, partial):
         counts["errors"],
         counts["skipped"],
         f"{seconds:.0f}",
-        "some tests" if partial else "whole suite",
+        scope,
         len(jax_cases) - jax_failed - jax_skipped,
         jax_failed,
     ]

@@ -247,9 +247,35 @@ def _why_slow(item):
     return None
 
 
+# Modules that exercise no version-dependent path: no TensorFlow/Keras/JAX
+# behaviour that differs between the supported pairs, no compat workaround, no
+# JAX road, multi-worker or preemption code of their own. They carry the
+# `version_independent` marker; CI's oldest-pair stage leaves them out (noxfile's
+# `oldest_ci`: -m "not version_independent") to keep CI within 45 minutes,
+# while `nox -s matrix` runs them on every pair. Why each is independent:
+VERSION_INDEPENDENT = {
+    "test_rendezvous.py": "the hello protocol is sockets and JSON before TensorFlow or JAX "
+    "start; the real multi-worker runs of test_launchers, test_train and "
+    "test_elastic_resume cross it on every pair",
+    "test_batch_study.py": "the study's cells, store, tables and plots over the training "
+    "tool, whose paths test_train and test_batch_schedule_tool run on every pair",
+    "test_plan.py": "the planner's arithmetic (Python and numpy)",
+    "test_plan_device.py": "the planner's device model and memory arithmetic",
+    "test_plan_pipeline.py": "the planner's pipeline arithmetic",
+    "test_plan_records.py": "the planner's records and their sources",
+    "test_plan_schedule.py": "the planner's phased-plan arithmetic",
+    "test_docs.py": "the docs' links, examples and generated pages",
+    "test_tiers.py": "the test tiers' own machinery",
+}
+
+
 @pytest.hookimpl(tryfirst=True)  # before -m deselects
 def pytest_collection_modifyitems(config, items):
     for item in items:
+        independent = VERSION_INDEPENDENT.get(os.path.basename(str(item.fspath)))
+        if independent:
+            item.add_marker(pytest.mark.version_independent)
+            item.user_properties.append(("version_independent", independent))
         why = _why_slow(item)
         if why:
             item.add_marker(pytest.mark.slow)

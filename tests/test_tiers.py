@@ -119,3 +119,33 @@ def test_the_guard_refuses_a_process_start_and_counts_the_training(monkeypatch):
         patch.setattr(conftest, "FAST_WORK", 71)
         problems = guard.problems()
     assert "trains 9 steps, 72 parameter-steps (> FAST_WORK=71)" in problems[1]
+
+
+# Modules whose tests are the version-dependent paths CI must run on the oldest pair.
+VERSION_DEPENDENT = (
+    "test_compat.py",
+    "test_jax_distribution.py",
+    "test_train_jax.py",
+    "test_train.py",
+    "test_launchers.py",
+    "test_signals.py",
+    "test_elastic_resume.py",
+    "test_distribute.py",
+    "test_golden.py",
+    "test_lars.py",
+    "test_lamb.py",
+)
+
+
+def test_version_independent_modules_exist_and_leave_the_version_dependent_in():
+    listed = set(conftest.VERSION_INDEPENDENT)
+    assert listed <= set(os.listdir(conftest.TESTS)), listed - set(os.listdir(conftest.TESTS))
+    assert not listed & set(VERSION_DEPENDENT)
+    assert all(len(why) > 20 for why in conftest.VERSION_INDEPENDENT.values())
+
+
+def test_version_independent_is_marked_on_those_modules_only(request):
+    for item in request.session.items:
+        marked = item.get_closest_marker("version_independent") is not None
+        name = os.path.basename(str(item.fspath))
+        assert marked == (name in conftest.VERSION_INDEPENDENT), item.nodeid
