@@ -3,6 +3,7 @@
 its batch, image size and epochs, the run their sum, and a phase that cannot
 run is refused by name."""
 
+import importlib.util
 import os
 import subprocess
 import sys
@@ -230,3 +231,47 @@ def test_a_bad_schedule_ends_the_program_in_one_line():
         "error: --batch_schedule=0:4096,30:8200: phase 2 (epochs 30-90: global batch 8,200, "
         "image size 224): the global batch is not divisible by --devices (64)."
     )
+
+
+# --- the worked example of docs/planning.md ------------------------------------------------
+def _generator():
+    spec = importlib.util.spec_from_file_location(
+        "docs_generate", os.path.join(ROOT, "docs", "generate.py")
+    )
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_mikami_example_plans_the_records_hardware_and_batches():
+    generator = _generator()
+    options = generator.plan_options([flag for line in generator.MIKAMI2018 for flag in line])
+    rec = plan.record("mikami2018")
+    for name in ("device", "devices", "devices_per_node", "algorithm", "overlap", "epochs"):
+        assert getattr(options, name) == getattr(rec, name), name
+    assert (options.activation_dtype, options.gradient_dtype) == (
+        rec.activation_dtype,
+        rec.gradient_dtype,
+    )
+    assert options.intra_node_bandwidth * plan.GB == rec.intra_bandwidth
+    assert options.inter_node_bandwidth * plan.GB == rec.inter_bandwidth
+    batches = [span.global_batch for span in options.phase_spans()]
+    assert batches == sorted(rec.assumed["global_batch"]) == [34816, 69632]
+
+
+@pytest.mark.subprocess
+def test_the_planning_page_shows_the_programs_own_output():
+    generator = _generator()
+    argv = [flag for line in generator.MIKAMI2018 for flag in line]
+    process = subprocess.run(
+        [sys.executable, "-m", "keras_lars.tools.plan", *argv],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=300,
+    )
+    assert process.returncode == 0, process.stderr[-2000:]
+    with open(os.path.join(ROOT, "docs", "planning.md")) as f:
+        page = f.read()
+    assert process.stdout in page
+    assert process.stdout.splitlines()[-1].startswith("time to train")
