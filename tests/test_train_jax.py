@@ -405,3 +405,46 @@ def test_bad_jax_setups_are_one_line_naming_the_flag(flags, devices, line, tmp_p
     line = refusal(distribution) or line  # below Keras 3.10 the refusal comes first
     assert status == 1 and last.startswith(line.replace("PORT", port)), output[-3000:]
     assert not os.listdir(tmp_path) or os.listdir(tmp_path) == ["checkpoints"]
+
+
+def test_a_batch_schedule_runs_on_jax_at_the_closed_form_rate(tmp_path):
+    """--batch_schedule on JAX's one device: each phase at its own batch, and
+    the rate at every epoch's end the closed form of EpochWarmupPolyDecay
+    (the equations, from test_batch_schedule_tool)."""
+    from tests.test_batch_schedule_tool import DIGITS_TRAIN
+    from tests.test_batch_schedule_tool import closed_form_rate
+
+    model_dir = str(tmp_path / "run")
+    code, output = finish(
+        start(
+            [
+                "--image_size=8",
+                "--batch_schedule=0:256,1:512",
+                "--batch_coupling=linear",
+                "--train_epochs=3",
+                "--warmup_epochs=0.5",
+                "--log_every_seconds=0",
+                "--noeval",
+                f"--model_dir={model_dir}",
+            ],
+            devices=1,
+        )
+    )
+    assert code == 0, output[-3000:]
+    with open(os.path.join(model_dir, "summary.json")) as f:
+        summary = json.load(f)
+    per_epoch = [DIGITS_TRAIN // 256, DIGITS_TRAIN // 512]  # 5, 2
+    assert [(p["global_batch_size"], p["steps_per_epoch"]) for p in summary["phases"]] == [
+        (256, per_epoch[0]),
+        (512, per_epoch[1]),
+    ]
+    history = summary["history"]
+    steps = [per_epoch[0], per_epoch[0] + per_epoch[1], per_epoch[0] + 2 * per_epoch[1]]
+    assert [h["steps"] for h in history] == steps
+    assert [h["global_batch_size"] for h in history] == [256, 512, 512]
+    peak = 10.0 * 256 / 256  # --base_learning_rate's default, linear scaling
+    expected = [
+        closed_form_rate(s, ((0, 256), (1, 512)), DIGITS_TRAIN, peak, 0.5, 3, 1e-4, (1, 2))
+        for s in steps
+    ]
+    np.testing.assert_allclose([h["learning_rate"] for h in history], expected, rtol=2e-6)

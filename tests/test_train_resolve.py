@@ -58,3 +58,15 @@ def test_jax_processes_come_from_the_environment_unless_given(monkeypatch):
         _resolve({"backend": "jax"})
     config, _ = _resolve({"backend": "jax", "num_processes": 1}, given={"num_processes"})
     assert config.num_processes == 1
+
+
+def test_under_a_batch_schedule_the_recipe_is_the_first_phases():
+    # MLPerf v0.7 at 32768 (peak 29, 18 of 64 epochs warmup), not the recipe of
+    # the --global_batch_size default (128).
+    values = {"recipe": "mlperf", "batch_schedule": "0:32768,40:65536", "dataset": "synthetic"}
+    config, (line,) = _resolve(values, given=set(values))
+    assert line.startswith("--recipe=mlperf set --base_learning_rate=29 ")
+    assert config.global_batch_size == 32768
+    assert (config.peak_learning_rate, config.warmup_epochs, config.train_epochs) == (29.0, 18, 64)
+    plain, _ = _resolve({"recipe": "mlperf", "global_batch_size": 32768, "dataset": "synthetic"})
+    assert config.batch_phases.phases[0].global_batch_size == plain.global_batch_size

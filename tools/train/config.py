@@ -112,6 +112,18 @@ def _cluster_check(value, config):
     return f"needs --strategy=multi_worker, not --strategy={config.strategy}"
 
 
+def first_phase_value(schedule, value, default):
+    """A setting under its schedule: `value`, or, where it is left at its
+    `default`, the first phase's value of the flag text `schedule` (a
+    schedule that does not parse keeps `value`: its own check names it)."""
+    if not schedule or value != default:
+        return value
+    try:
+        return keras_lars.batch_schedule.parse_phases(schedule)[0][1]
+    except ValueError:
+        return value
+
+
 @dataclasses.dataclass(frozen=True)
 class Config:
     """Every setting of a training run: one declaration each (name, type,
@@ -405,8 +417,10 @@ class Config:
     )
     worker_start_timeout_minutes: float = setting(
         10.0,
-        "--strategy=multi_worker: how long to wait for the other tasks of TF_CONFIG to start "
-        "(a 'waiting for' line every 30 s; SIGTERM/Ctrl-C stop the wait).",
+        "--strategy=multi_worker (and JAX's processes): how long to wait for the other tasks "
+        "to start (a 'waiting for' line every 30 s; SIGTERM/Ctrl-C stop the wait), and then "
+        "for TensorFlow's or jax.distributed's own start of them (past it, one line and the "
+        "tool ends; SIGINT/SIGHUP end that start at once).",
         check=greater_than(0),
         resumable=True,
         per_process=True,
@@ -461,12 +475,8 @@ class Config:
             ("global_batch_size", self.batch_schedule),
             ("image_size", self.image_size_schedule),
         ):
-            if schedule and getattr(self, flag) == defaults[flag].default:
-                try:  # the first phase's value; a schedule that does not parse fails its check
-                    first = keras_lars.batch_schedule.parse_phases(schedule)[0][1]
-                    object.__setattr__(self, flag, first)
-                except ValueError:
-                    pass
+            value = first_phase_value(schedule, getattr(self, flag), defaults[flag].default)
+            object.__setattr__(self, flag, value)
         if self.backend is None:
             object.__setattr__(self, "backend", keras.backend.backend())
         if self.image_size == 0 and self.dataset in input_pipeline.SOURCES:

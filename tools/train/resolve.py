@@ -14,6 +14,7 @@ import keras_lars
 from keras_lars.tools.settings import ConfigError
 from keras_lars.tools.train import cluster
 from keras_lars.tools.train.config import Config
+from keras_lars.tools.train.config import first_phase_value
 
 # On JAX, the processes' settings not given as flags come from these variables.
 JAX_ENVIRONMENT = {
@@ -37,9 +38,12 @@ def config_from_flags(values, given=(), log=None):
             values.update({name: value for name, value in found.items() if name not in given})
             if log:
                 log("--cluster=slurm: " + " ".join(f"--{k}={value_of(k)}" for k in found))
-    recipe = recipe_settings(
-        value_of("recipe"), value_of("optimizer"), value_of("global_batch_size")
+    batch = first_phase_value(  # under --batch_schedule the recipe is the first phase's
+        value_of("batch_schedule"),
+        value_of("global_batch_size"),
+        Config.__dataclass_fields__["global_batch_size"].default,
     )
+    recipe = recipe_settings(value_of("recipe"), value_of("optimizer"), batch)
     if "base_learning_rate" in given:  # the user's rate is per 256 images: keep its scaling
         recipe.pop("lr_scaling", None)
     values.update({name: value for name, value in recipe.items() if name not in given})
