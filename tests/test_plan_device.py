@@ -195,6 +195,15 @@ def test_the_output_starts_with_what_it_assumes():
     assert text[5] == "  batch         1,024 = 8 x 128 (the default)"
 
 
+@pytest.mark.parametrize(
+    "half_batch, printed",
+    [(-1.0, "0.0"), (4.14, "4.1"), (1234.56, "1,234.6")],  # -1: the V100's calibrated 0
+)
+def test_the_half_speed_batch_is_printed_with_one_decimal(half_batch, printed):
+    speed = plan.plan_text(plan.PlanSettings(devices=8, half_batch=half_batch)).splitlines()[2]
+    assert speed.endswith(f"half speed at {printed} images (--half_batch)"), speed
+
+
 @pytest.mark.subprocess
 def test_devices_8_prints_its_assumptions_and_a_memory_verdict():
     process = subprocess.run(

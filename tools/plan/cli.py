@@ -505,7 +505,7 @@ def assumptions_text(options):
         speed = (
             f"utilization {utilization:.3g} of the roofline, {source} (--utilization); "
             f"{fixed * 1e3:.2g} ms fixed a step (--fixed_step_ms), half speed at "
-            f"{half:.3g} images (--half_batch)"
+            f"{half:,.1f} images (--half_batch)"
         )
     epochs = f"{options.epochs:g}" if options.epochs else "keras_lars.resnet50_lars_recipe's"
     return "\n".join(
