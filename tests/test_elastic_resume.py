@@ -28,6 +28,7 @@ from keras_lars.tools import checkpoints
 from keras_lars.tools import train
 from keras_lars.tools.benchmark_allreduce import free_ports
 from keras_lars.tools.train import model_dir as train_model_dir
+from tests.processes import finish as processes_finish
 from tests.test_train import ROOT
 from tests.test_train import TIMEOUT
 from tests.test_train import fingerprint
@@ -88,13 +89,7 @@ def _start(args, model_dir, workers):
 
 def _finish(processes):
     """[(return code, stdout, stderr)] of each; kills what is left on a timeout."""
-    try:
-        outputs = [p.communicate(timeout=TIMEOUT) for p in processes]
-    finally:
-        for p in processes:
-            if p.poll() is None:
-                p.kill()
-    return [(p.returncode, out, err) for p, (out, err) in zip(processes, outputs)]
+    return processes_finish(processes, TIMEOUT)
 
 
 def _train(args, model_dirs):

@@ -34,6 +34,7 @@ from keras_lars.tools.train import cluster
 from keras_lars.tools.train.config import Config
 from tests import test_train_jax as jax_tests
 from tests.conftest import requires_jax
+from tests.processes import finish as processes_finish
 from tests.test_train import ROOT
 from tests.test_train import h5_arrays
 from tests.test_train import tool_command
@@ -109,13 +110,7 @@ def start(args, env):
 
 def finish(processes):
     """[(exit status, output)] of the processes; kills what is left on a timeout."""
-    try:
-        return [(p.communicate(timeout=TIMEOUT)[0], p.returncode)[::-1] for p in processes]
-    finally:
-        for p in processes:
-            if p.poll() is None:
-                p.kill()
-                p.wait()
+    return [(code, output) for code, output, _ in processes_finish(processes, TIMEOUT)]
 
 
 def summary(model_dir):

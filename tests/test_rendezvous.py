@@ -20,6 +20,7 @@ from keras_lars.tools.settings import ConfigError
 from keras_lars.tools.settings import fields
 from keras_lars.tools.train.config import Config
 from keras_lars.tools.train.runtime import shared_settings
+from tests.processes import finish as processes_finish
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TIMEOUT = 300
@@ -425,12 +426,8 @@ def _tool_worker(ports, index, *flags):
 
 
 def _finish(process):
-    try:
-        _, errors = process.communicate(timeout=TIMEOUT)
-    finally:
-        if process.poll() is None:
-            process.kill()
-    return process.returncode, errors
+    ((code, _, errors),) = processes_finish([process], TIMEOUT)
+    return code, errors
 
 
 def test_the_tool_names_a_program_on_a_peers_address(tmp_path):

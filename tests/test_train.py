@@ -41,6 +41,7 @@ from keras_lars.tools.train import build as train_build
 from keras_lars.tools.train import model_dir as train_model_dir
 from keras_lars.tools.train import runtime as train_runtime
 from tests import train_data
+from tests.processes import finish as processes_finish
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TIMEOUT = 300  # seconds per child process; a hang fails the test
@@ -1228,13 +1229,8 @@ def _start_cluster(args):
 
 def _finish(processes):
     """(return codes, stderr texts); kills what is left on a timeout."""
-    try:
-        outputs = [p.communicate(timeout=TIMEOUT) for p in processes]
-    finally:
-        for p in processes:
-            if p.poll() is None:
-                p.kill()
-    return [p.returncode for p in processes], [err for _, err in outputs]
+    ended = processes_finish(processes, TIMEOUT)
+    return [code for code, _, _ in ended], [err for _, _, err in ended]
 
 
 @pytest.mark.subprocess
