@@ -53,6 +53,8 @@ Outputs in --study_dir (a local directory):
     aggregate.csv, .json  one row per (optimizer, batch): mean, std over seeds
     accuracy_vs_batch.png test accuracy against batch size (log axis), one line
                           per optimizer, error bars = std over seeds
+    batch_control.*       with --control_schedule: the fixed / ramp / grow cells
+                          (cells.py), their accuracies and parameter updates
     cells/<name>/         each cell's model dir (config, summary, logs, train.log)
 
 Resuming: rerun the same command. A cell is identified by a hash of its whole
