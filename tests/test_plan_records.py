@@ -2,10 +2,14 @@
 prediction's range over the assumed values, the score, and leave-one-out."""
 
 import dataclasses
+import os
 
+import numpy as np
 import pytest
 
 from keras_lars.tools import plan
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 # predicted / published - 1 at the nominal inputs, and its range over the assumed ones
 EXPECTED = {
@@ -129,7 +133,80 @@ def test_records_errors_ranges_and_score():
         "goyal2017_8gpu",
     ]
     assert sum(row.within for row in scored) == 1
-    assert plan.cli.score_line(rows).startswith("1 of 18 scored records within +-30%")
+    assert plan.cli.score_line(rows).startswith("(a) one u: 1 of 18 scored records within +-30%")
+
+
+# under each device's own calibration (records.PER_DEVICE): None where the device and
+# activations have no published throughput (calibration.THROUGHPUTS)
+EXPECTED_PER_DEVICE = {
+    "mikami2018": (-0.75, -0.83, -0.66),
+    "mikami2018v2": (-0.55, -0.68, -0.55),
+    "yamazaki2019": (-0.47, -0.47, -0.27),
+    "mlperf06_nvidia": (-0.37, -0.37, -0.26),
+    "mlperf06_fujitsu": (-0.45, -0.45, -0.15),
+    "mlperf07_nvidia": (-0.42, -0.42, -0.33),
+    "mlperf11_nvidia_1024": (-0.00, -0.07, 0.18),
+    "mlperf11_nvidia": (-0.31, -0.31, 0.11),
+}
+
+
+def test_records_under_the_per_device_calibration():
+    rows = plan.records_rows(plan.PER_DEVICE)
+    predicted = {row.record.key: row for row in rows if row}
+    assert list(predicted) == list(EXPECTED_PER_DEVICE)
+    for key, row in predicted.items():
+        expected = EXPECTED_PER_DEVICE[key]
+        assert (row.error, row.low, row.high) == pytest.approx(expected, abs=0.01), key
+    assert [key for key, row in predicted.items() if row.within] == ["mlperf11_nvidia_1024"]
+    line = plan.cli.score_line(rows, plan.PER_DEVICE)
+    assert line.startswith("(b) per device: 1 of 8 scored records within +-30%")
+    assert "(10 more not predicted: no published throughput of a P100-PCIe, P40, " in line
+
+
+def _mlperf11_1024_seconds(gradient_bytes, overlap, epochs):
+    """mlperf11_nvidia_1024 under the A100-80GB's calibration, by hand: one
+    throughput (2,180 images/s at 256, float16) gives b_half = 0 and
+    compute = b (1 / r - c_fixed / 256), so t_image and u cancel."""
+    parameters, examples = 25_557_032, 1_281_167
+    fixed = 7 * 4 * parameters / 2039e9  # the LARS update at 2,039 GB/s
+    per_device = 35840 / 1024  # 35 images a GPU
+    compute = per_device * (256 / 2180 - fixed) / 256
+    n = parameters * gradient_bytes
+    g, m, alpha = 8, 1024 // 8, 5e-6
+    comm = 2 * (g - 1) * alpha + 2 * (g - 1) / g * n / 300e9  # NVSwitch inside a node
+    comm += 2 * (m - 1) * alpha + 2 * (m - 1) / m * n / (8 * 200e9 / 8)  # the node's links
+    exposed = max(0.0, comm - 2 / 3 * compute) if overlap else comm
+    steps = np.floor(epochs * (examples // 35840) + 0.5)
+    return steps * (compute + fixed + exposed)
+
+
+def test_a_per_device_prediction_in_closed_form():
+    rec = plan.record("mlperf11_nvidia_1024")
+    run = plan.predict_record(rec, plan.PER_DEVICE)
+    assert run.seconds == pytest.approx(_mlperf11_1024_seconds(2, True, 60), rel=1e-9)
+    errors = [
+        _mlperf11_1024_seconds(gradient_bytes, overlap, epochs) / 34.5 - 1
+        for gradient_bytes in (2, 4)
+        for overlap in (False, True)
+        for epochs in (60, 56)
+    ]
+    row = plan.record_range(rec, plan.PER_DEVICE)
+    assert (row.low, row.high) == (pytest.approx(min(errors)), pytest.approx(max(errors)))
+    assert row.within
+    # no throughput of a TPU v3: no per-device prediction, and no fallback to one u
+    assert plan.predict_record(plan.record("ying2018"), plan.PER_DEVICE) is None
+    assert plan.record_range(plan.record("ying2018"), plan.PER_DEVICE) is None
+
+
+def test_the_planning_page_states_the_computed_counts():
+    with open(os.path.join(ROOT, "docs", "planning.md")) as f:
+        page = f.read()
+    for utilization in (plan.CALIBRATED_UTILIZATION, plan.PER_DEVICE):
+        rows = plan.records_rows(utilization)
+        scored = [row for row, rec in zip(rows, plan.RECORDS) if rec.scored and row]
+        within = sum(row.within for row in scored)
+        label = "(a) one u" if utilization != plan.PER_DEVICE else "(b) per device"
+        assert f"{label}: {within} of {len(scored)} scored records within" in page
 
 
 def test_leave_one_out_on_a_record_and_its_double():

@@ -27,7 +27,8 @@ device, cost_models; records and calibration are data):
     phases       a run in phases (--batch_schedule, --image_size_schedule): each
                  phase the plain plan of its batch, image size and epochs, summed
     step         one step, the whole run, the per-layer data- vs model-parallel
-                 bytes, the records' predictions, ranges and leave-one-out
+                 bytes, the records' predictions (one u, or each device's
+                 calibration), ranges and leave-one-out
     pipeline     GPipe estimates: stages, micro-batches, bubble, memory
     collectives  the bytes a (batch, model) layout's collectives move a step, as
                  XLA compiles the training tool's JAX step
@@ -105,6 +106,7 @@ from keras_lars.tools.plan.pipeline import split_stages
 from keras_lars.tools.plan.records import CALIBRATED_UTILIZATION
 from keras_lars.tools.plan.records import CALIBRATION_RECORD
 from keras_lars.tools.plan.records import INPUTS
+from keras_lars.tools.plan.records import PER_DEVICE
 from keras_lars.tools.plan.records import RECORDS
 from keras_lars.tools.plan.records import TOLERANCE
 from keras_lars.tools.plan.records import Record
@@ -139,6 +141,7 @@ __all__ = [
     "HERE",
     "INPUTS",
     "MODELS",
+    "PER_DEVICE",
     "RECORDS",
     "RESERVE",
     "THROUGHPUTS",

@@ -32,6 +32,8 @@ from keras_lars.tools.plan.phases import phase_spans
 from keras_lars.tools.plan.pipeline import pipeline_candidates
 from keras_lars.tools.plan.records import CALIBRATED_UTILIZATION
 from keras_lars.tools.plan.records import CALIBRATION_RECORD
+from keras_lars.tools.plan.records import PER_DEVICE
+from keras_lars.tools.plan.records import RECORDS
 from keras_lars.tools.plan.records import TOLERANCE
 from keras_lars.tools.plan.step import layer_choices
 from keras_lars.tools.plan.step import leave_one_out
@@ -771,6 +773,8 @@ def _percent(fraction):
 
 
 def _range_text(row):
+    if row is None:
+        return "-"
     if round(row.low, 2) == round(row.high, 2):
         return _percent(row.error)
     return f"{_percent(row.low)} .. {_percent(row.high)}"
@@ -786,10 +790,18 @@ def _inputs_text(rec):
     return "; ".join(part for part in parts if part) or "all published"
 
 
-def _verdict(row):
-    if not row.record.scored:
+def _verdict(rec, row):
+    if not rec.scored:
         return "not scored"
+    if row is None:
+        return "no throughput"
     return "within" if row.within else "MISS"
+
+
+def _per_device_u(rec):
+    """The record's device's calibrated u at its activations ('-': none)."""
+    device = rec.device_model(PER_DEVICE)
+    return f"{device.utilization:.3f}" if device else "-"
 
 
 def leave_one_out_lines(results):
@@ -804,66 +816,94 @@ def leave_one_out_lines(results):
     ]
 
 
+def _both_models():
+    """The records' rows under one u and under PER_DEVICE, and leave-one-out."""
+    return records_rows(), records_rows(PER_DEVICE), leave_one_out()
+
+
 def records_text():
-    """The records table; `fit u`: the utilization that would reproduce the
-    published time; `LOO`: how many of the other records are within the
-    tolerance at that utilization."""
-    rows, loo = records_rows(), leave_one_out()
+    """The records table; `one u`: predicted and error at the fitted u;
+    `per device`: each device's calibrated u and the error under it; `fit
+    u`: the utilization that would reproduce the published time; `LOO`: how
+    many of the other records are within the tolerance at that utilization."""
+    rows, calibrated, loo = _both_models()
     lines = [
-        f"ResNet-50 / ImageNet: published vs predicted from the records' hardware "
-        f"(utilization {CALIBRATED_UTILIZATION} fitted on {CALIBRATION_RECORD}; "
-        f"within: the whole range over the assumed inputs inside +-{TOLERANCE:.0%})",
+        f"ResNet-50 / ImageNet: published vs predicted from the records' hardware, (a) at one "
+        f"u = {CALIBRATED_UTILIZATION} fitted on {CALIBRATION_RECORD}, (b) per device: u, b_half "
+        f"and c_fixed fitted on the device's published throughputs (nothing on the records); "
+        f"within: the whole range over the assumed inputs inside +-{TOLERANCE:.0%}",
         f"{'record':<22}{'hardware':<22}{'batch':>8}{'epochs':>7}{'published':>11}"
-        f"{'predicted':>11}{'error (range)':>17}{'fit u':>7}{'LOO':>5}  verdict",
+        f"{'(a) predicted':>14}{'error (range)':>17}{'(b) u':>7}{'predicted':>11}"
+        f"{'error (range)':>17}{'fit u':>7}{'LOO':>5}  verdict (a) / (b)",
     ]
-    for row, result in zip(rows, loo):
+    for row, other, result in zip(rows, calibrated, loo):
         rec = row.record
+        predicted = duration(other.predicted) if other else "-"
         lines.append(
             f"{rec.key:<22}{f'{rec.devices} {rec.device}':<22}{rec.global_batch:>8,}"
             f"{rec.epochs:>7g}{duration(rec.published_seconds):>11}"
-            f"{duration(row.predicted):>11}{_range_text(row):>17}"
-            f"{result.utilization:>7.3f}{result.within:>5}  {_verdict(row)}"
+            f"{duration(row.predicted):>14}{_range_text(row):>17}{_per_device_u(rec):>7}"
+            f"{predicted:>11}{_range_text(other):>17}"
+            f"{result.utilization:>7.3f}{result.within:>5}  "
+            f"{_verdict(rec, row)} / {_verdict(rec, other)}"
         )
-    lines.append(score_line(rows))
+    lines += [score_line(rows), score_line(calibrated, PER_DEVICE)]
     lines += leave_one_out_lines(loo)
     lines.append("sources, assumed inputs and the misses: docs/planning.md")
     return "\n".join(lines)
 
 
-def score_line(rows):
-    """How many scored records are within the tolerance over their range."""
-    scored = [row for row in rows if row.record.scored]
-    within = sum(row.within for row in scored)
+def score_line(rows, utilization=CALIBRATED_UTILIZATION, records=RECORDS):
+    """How many scored records are within the tolerance over their range,
+    `rows` (records_rows at `utilization`) aligned with `records`; under
+    PER_DEVICE, of those whose device has a published throughput."""
+    scored = [(rec, row) for rec, row in zip(records, rows) if rec.scored]
+    predicted = [row for _, row in scored if row]
+    within = sum(row.within for row in predicted)
+    if utilization == PER_DEVICE:
+        missing = sorted({rec.device for rec, row in scored if row is None})
+        return (
+            f"(b) per device: {within} of {len(predicted)} scored records within "
+            f"+-{TOLERANCE:.0%} over their whole range ({len(scored) - len(predicted)} "
+            f"more not predicted: no published throughput of a {', '.join(missing)} at "
+            "their activations)"
+        )
     return (
-        f"{within} of {len(scored)} scored records within +-{TOLERANCE:.0%} over their whole "
-        f"range ({len(rows) - len(scored)} not scored: the calibration and rows that "
-        "repeat it)"
+        f"(a) one u: {within} of {len(scored)} scored records within +-{TOLERANCE:.0%} over "
+        f"their whole range ({len(rows) - len(scored)} not scored: the calibration and rows "
+        "that repeat it)"
     )
 
 
 def records_markdown():
-    """The records table as Markdown, with its score and leave-one-out
+    """The records table as Markdown, with both scores and the leave-one-out
     summary (docs/generate.py writes it into docs/planning.md)."""
-    rows, loo = records_rows(), leave_one_out()
+    rows, calibrated, loo = _both_models()
     lines = [
-        "| record | source | hardware | batch | epochs | published | predicted | "
-        "error (range) | fit u | LOO | verdict |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
+        "| record | source | hardware | batch | epochs | published | inputs | (a) predicted "
+        "| (a) error (range) | (a) | (b) u | (b) predicted | (b) error (range) | (b) | fit u "
+        "| LOO |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
-    for row, result in zip(rows, loo):
+    for row, other, result in zip(rows, calibrated, loo):
         rec = row.record
-        verdict = _verdict(row)
-        if verdict == "MISS":
-            verdict = "**miss**"
-        elif rec.note and not rec.scored:
-            verdict = f"not scored: {rec.note.split(':')[0]}"
+        verdicts = []
+        for ranged in (row, other):
+            verdict = _verdict(rec, ranged)
+            if verdict == "MISS":
+                verdict = "**miss**"
+            elif rec.note and not rec.scored:
+                verdict = f"not scored: {rec.note.split(':')[0]}"
+            verdicts.append(verdict)
         lines.append(
             f"| `{rec.key}` | {rec.paper} | {rec.devices} {rec.device} | "
             f"{rec.global_batch:,} | {rec.epochs:g} | {duration(rec.published_seconds)} | "
-            f"{duration(row.predicted)} | {_range_text(row)} ({_inputs_text(rec)}) | "
-            f"{result.utilization:.3f} | {result.within} | {verdict} |"
+            f"{_inputs_text(rec)} | {duration(row.predicted)} | {_range_text(row)} | "
+            f"{verdicts[0]} | {_per_device_u(rec)} | "
+            f"{duration(other.predicted) if other else '-'} | {_range_text(other)} | "
+            f"{verdicts[1]} | {result.utilization:.3f} | {result.within} |"
         )
-    lines += ["", score_line(rows) + ".", ""]
+    lines += ["", score_line(rows) + ".", "", score_line(calibrated, PER_DEVICE) + ".", ""]
     lines += [line + "." for line in leave_one_out_lines(loo)]
     return "\n".join(lines) + "\n"
 

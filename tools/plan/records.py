@@ -7,19 +7,23 @@ several comma-separated field names); inputs with no public source are
 them); an input in both has several published values (MLPerf's runs
 stopped at different epochs; a batch that grew during the run). The
 records table shows the prediction over every combination
-(step.record_range). One constant is fitted, the utilization, on
-`CALIBRATION_RECORD`, which is not scored; step.leave_one_out fits it on
-each record in turn. docs/planning.md holds the table.
+(step.record_range) under two device models: (a) one constant fitted, the
+utilization, on `CALIBRATION_RECORD`, which is not scored (step.leave_one_out
+fits it on each record in turn); (b) `PER_DEVICE`, each device's calibration
+on its published throughputs (calibration.py), nothing fitted on a record.
+docs/planning.md holds the table.
 """
 
 import dataclasses
 
+from keras_lars.tools.plan.calibration import calibrate
 from keras_lars.tools.plan.cost_models import GB
 from keras_lars.tools.plan.cost_models import US
 from keras_lars.tools.plan.cost_models import Cluster
 from keras_lars.tools.plan.device import DEVICES
 from keras_lars.tools.plan.device import DTYPE_BYTES
 from keras_lars.tools.plan.device import Device
+from keras_lars.tools.plan.device import model_profile
 
 # every input of a record: each is in `sources` or in `assumed`
 INPUTS = (
@@ -36,6 +40,7 @@ INPUTS = (
     "published_seconds",
     "overlap",
 )
+PER_DEVICE = "per-device"  # Record.device_model: the device's calibration, not one u
 LATENCY = 5 * US  # every link of every record: assumed, no record publishes it
 TPU_V3_LINK = 340e12 / 1024  # all-reduce bandwidth a chip: 340 TB/s over a 1024-chip pod
 TPU_V4_LINK = 1.1e15 / 4096  # 1.1 PB/s over a 4096-chip pod
@@ -91,13 +96,26 @@ class Record:
         )
 
     def device_model(self, utilization):
-        """The record's device at `utilization` of its roofline."""
+        """The record's device at `utilization` of its roofline; at
+        PER_DEVICE, its own calibration on the device's published throughputs
+        at the record's activations (u, b_half, c_fixed of
+        calibration.calibrate; nothing fitted on a record), None where the
+        device has none."""
         spec = DEVICES[self.device]
+        half, fixed = 0.0, 0.0
+        if utilization == PER_DEVICE:
+            fitted = calibrate(spec, self.activation_dtype, model_profile("resnet50"))
+            if fitted is None:
+                return None
+            utilization, half = fitted.utilization, fitted.half_batch
+            fixed = fitted.fixed_step_seconds
         return Device(
             peak_flops=spec.peak(self.activation_dtype),
             utilization=utilization,
             memory_bandwidth=spec.memory_bandwidth,
             activation_bytes=DTYPE_BYTES[self.activation_dtype],
+            half_batch=half,
+            fixed_step_seconds=fixed,
         )
 
 

@@ -15,7 +15,8 @@ Over p devices, b = B / p images each:
 
 Per layer, data parallelism moves 2 P s_g bytes a step and model
 parallelism 2 B I s_a (`LayerChoice`). A record's prediction is a range
-over its assumed inputs (`record_range`); `leave_one_out` fits u on each
+over its assumed inputs (`record_range`), at one u or under each device's
+own calibration (records.PER_DEVICE); `leave_one_out` fits u on each
 record and predicts the others.
 """
 
@@ -168,13 +169,18 @@ def layer_choices(profile, global_batch, gradient_bytes=4, activation_bytes=4):
 # --- the published records ------------------------------------------------------------------
 def predict_record(rec, utilization=CALIBRATED_UTILIZATION, **choice):
     """The Run this planner predicts for a record's hardware (ResNet-50),
-    with `choice` replacing some of its inputs (one of its assumed values)."""
+    with `choice` replacing some of its inputs (one of its assumed values);
+    `utilization`: one u, or records.PER_DEVICE (None where the device has
+    no published throughput)."""
     rec = dataclasses.replace(rec, **choice) if choice else rec
+    device = rec.device_model(utilization)
+    if device is None:
+        return None
     return plan_run(
         model_profile("resnet50"),
         rec.global_batch,
         rec.epochs,
-        rec.device_model(utilization),
+        device,
         rec.cluster(),
         DTYPE_BYTES[rec.gradient_dtype],
         rec.overlap,
@@ -221,18 +227,23 @@ class RecordRange:
 
 
 def record_range(rec, utilization=CALIBRATED_UTILIZATION):
-    """The RecordRange of `rec` (published_seconds may be assumed too)."""
-    errors = []
-    for choice in choices(rec):
-        published = choice.get("published_seconds", rec.published_seconds)
-        errors.append(predict_record(rec, utilization, **choice).seconds / published - 1)
-    predicted = predict_record(rec, utilization).seconds
-    error = predicted / rec.published_seconds - 1
-    return RecordRange(rec, predicted, error, min(errors + [error]), max(errors + [error]))
+    """The RecordRange of `rec` (published_seconds may be assumed too);
+    None if some combination has no device model (records.PER_DEVICE on a
+    device without a published throughput)."""
+    runs = [(choice, predict_record(rec, utilization, **choice)) for choice in choices(rec)]
+    nominal = predict_record(rec, utilization)
+    if nominal is None or any(run is None for _, run in runs):
+        return None
+    error = nominal.seconds / rec.published_seconds - 1
+    errors = [
+        run.seconds / choice.get("published_seconds", rec.published_seconds) - 1
+        for choice, run in runs
+    ]
+    return RecordRange(rec, nominal.seconds, error, min(errors + [error]), max(errors + [error]))
 
 
 def records_rows(utilization=CALIBRATED_UTILIZATION):
-    """The RecordRange of every record."""
+    """The RecordRange of every record (None: no device model, above)."""
     return [record_range(rec, utilization) for rec in RECORDS]
 
 
