@@ -145,12 +145,58 @@ def test_run_length_follows_the_recipe_or_the_given_epochs():
 def test_roofline_takes_the_slower_of_compute_and_memory_per_layer():
     layers = (
         plan.LayerProfile("conv", "Conv2D", 10, 1_000_000, 100, 100),  # compute-bound
-        plan.LayerProfile("relu", "ReLU", 0, 0, 1000, 1000),  # memory-bound
+        plan.LayerProfile("pool", "MaxPooling2D", 0, 0, 1000, 1000),  # memory-bound
     )
     profile = plan.ModelProfile("toy", layers)
     seconds = profile.image_seconds(1e9, memory_bandwidth=1e9, activation_bytes=2)
     assert seconds == pytest.approx(max(3e6 / 1e9, 3 * 200 * 2 / 1e9) + 3 * 2000 * 2 / 1e9)
     assert profile.image_seconds(1e9) == pytest.approx(3e6 / 1e9)
+
+
+def test_fused_memory_passes_of_each_layer():
+    conv = plan.LayerProfile("conv", "Conv2D", 10, 0, 100, 400)
+    bn = plan.LayerProfile("bn", "BatchNormalization", 2, 0, 400, 400)
+    relu = plan.LayerProfile("relu", "ReLU", 0, 0, 400, 400)
+    add = plan.LayerProfile("add", "Add", 0, 0, 800, 400)
+    pad = plan.LayerProfile("pad", "ZeroPadding2D", 0, 0, 400, 484)
+    pool = plan.LayerProfile("pool", "MaxPooling2D", 0, 0, 484, 121)
+    moved = plan.moved_elements
+    assert moved(conv) == 3 * (100 + 400)  # forward I + O, backward O + I + I
+    assert moved(bn, conv) == 8 * 400  # statistics 1, normalize 2, reductions 2, gradient 3
+    assert (moved(relu, bn), moved(relu, add), moved(relu, conv)) == (0, 0, 0)
+    assert moved(add, bn) == 2 * 400
+    assert moved(pad, relu) == 0
+    assert moved(relu, pool) == moved(relu) == 3 * (400 + 400)  # no producer to fuse into
+    profile = plan.ModelProfile("toy", (conv, bn, relu, add, relu, pad, pool))
+    elements = 1500 + 3200 + 800 + 3 * (484 + 121)
+    assert profile.image_seconds(1e12, 1e9, 2) == pytest.approx(elements * 2 / 1e9)
+
+
+def _resnet50_batch_norm_and_add_outputs():
+    """ResNet-50 v1.5's batch-norm and residual-add output elements an image."""
+    norms, adds, size = 64 * 112 * 112, 0, 56
+    for width, blocks, stride in ((64, 3, 1), (128, 4, 2), (256, 6, 2), (512, 3, 2)):
+        for block in range(blocks):
+            out_size = size // stride if block == 0 else size
+            norms += width * size * size + (width + 4 * width) * out_size * out_size
+            if block == 0:
+                norms += 4 * width * out_size * out_size  # the projection's batch norm
+            adds += 4 * width * out_size * out_size
+            size = out_size
+    return norms, adds
+
+
+def test_resnet50_fused_passes_in_closed_form():
+    profile = plan.model_profile("resnet50")
+    norms, adds = _resnet50_batch_norm_and_add_outputs()
+    kinds = {"BatchNormalization", "ReLU", "Add", "ZeroPadding2D"}
+    elementwise = [
+        plan.moved_elements(layer, previous)
+        for previous, layer in zip((None, *profile.layers), profile.layers)
+        if layer.kind in kinds
+    ]
+    assert (norms, adds) == (11_113_984, 5_519_360)
+    assert sum(elementwise) == 8 * norms + 2 * adds  # every ReLU and pad fused
 
 
 # --- model accounting ----------------------------------------------------------------------

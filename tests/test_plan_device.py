@@ -145,7 +145,7 @@ def test_custom_model_plans_with_the_default_batch():
 def test_records_table_text_and_inputs():
     text = plan.records_text().splitlines()
     assert text[1].split()[-6:] == ["u", "LOO", "verdict", "(a)", "/", "(b)"]
-    assert text[-4].startswith("(a) one u: 1 of 18 scored records within +-30%")
+    assert text[-4].startswith("(a) one u: 6 of 18 scored records within +-30%")
     assert text[-3].startswith("(b) per device: 1 of 8 scored records within +-30%")
     assert text[-2].startswith("leave-one-out: u fitted on each of the 20 records")
     jia = plan.cli._inputs_text(plan.record("jia2018"))

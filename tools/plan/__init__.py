@@ -86,6 +86,7 @@ from keras_lars.tools.plan.device import LayerProfile
 from keras_lars.tools.plan.device import ModelProfile
 from keras_lars.tools.plan.device import custom_profile
 from keras_lars.tools.plan.device import model_profile
+from keras_lars.tools.plan.device import moved_elements
 from keras_lars.tools.plan.device import profile_keras_model
 from keras_lars.tools.plan.hybrid import HybridPlan
 from keras_lars.tools.plan.hybrid import hybrid_plan
@@ -190,6 +191,7 @@ __all__ = [
     "main",
     "memory_estimate",
     "model_profile",
+    "moved_elements",
     "neighbourhood",
     "phase_spans",
     "phased_text",

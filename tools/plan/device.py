@@ -1,19 +1,39 @@
 """What one device spends on one trained image: the model's per-layer
 profile, its roofline time, and the device's speed.
 
-    t_image = sum over layers l of max(3 F_l / P, 3 A_l s_a / M)
+    t_image = sum over layers l of max(3 F_l / P, A_l s_a / M)
     compute = b * t_image / u        (or b / rate, a measured images/s)
 
 F_l: layer l's forward FLOPs per image (a multiply-add counts 2): a
 convolution 2 kh kw (cin / groups) cout Hout Wout, a dense layer 2 in out,
 other layers 0. Training costs 3x the forward pass (the backward pass
 computes the gradients of the inputs and of the weights, 2x). A_l: the
-elements layer l reads and writes per image (inputs + outputs), moved 3
-times in training (forward; backward reads the saved activations and the
-output gradient and writes the input gradient), s_a bytes each. P: peak
-FLOP/s at the arithmetic the run uses; M: memory bandwidth (0: FLOPs only);
-u: utilization. Each layer takes the longer of its compute and memory times,
-a roofline (Williams, Waterman & Patterson 2009, "Roofline", CACM 52(4)).
+elements layer l reads and writes in one trained image, s_a bytes each, as
+XLA fuses a training step (`moved_elements`; I, O: the layer's input and
+output elements):
+
+    convolution, dense, pooling   3 (I + O)  forward reads I, writes O; backward
+                                             reads O's gradient and I, writes I's
+    batch norm (+ its ReLU)       8 O        forward: the statistics read O, one
+        fused elementwise pass normalizes, scales, shifts and applies the
+        ReLU (read O, write O); backward: one fused reduction reads the output
+        gradient and O for the two sums, one elementwise pass reads both and
+        writes the input gradient (1 + 2 + 2 + 3)
+    ReLU after a conv, dense,     0          in its producer's elementwise pass
+        batch norm or add                    (its mask in the same backward pass)
+    residual add                  2 O        the second operand read into the
+                                             fused pass, its gradient read once
+    zero padding, flatten         0          XLA folds a pad into the window of
+                                             the convolution or pooling it feeds;
+                                             a reshape is a bitcast
+    anything else                 3 (I + O)
+
+Counted one layer a pass, ResNet-50's batch norm, ReLU, add and padding
+moved 12 O, 9 O and 6 (I + O) per group and ran 63% of a V100's float16
+roofline; fused they move 8 O and 2 O. P: peak FLOP/s at the arithmetic the
+run uses; M: memory bandwidth (0: FLOPs only); u: utilization. Each layer
+takes the longer of its compute and memory times, a roofline (Williams,
+Waterman & Patterson 2009, "Roofline", CACM 52(4)).
 
 Profiles are counted on the Keras definitions of keras_lars.models, built on
 the CPU: ResNet-50 has 25,557,032 trainable parameters and 4,089,184,256
@@ -40,6 +60,10 @@ import keras
 from keras_lars.models import BUILDERS
 
 TRAINING_FLOPS_FACTOR = 3  # forward + backward (2x forward)
+BATCH_NORM_PASSES = 8  # over its output, its ReLU fused (module docstring)
+RESIDUAL_ADD_PASSES = 2  # the second operand into the fused pass, its gradient
+FOLDED = ("ZeroPadding2D", "Flatten")  # no pass of their own
+FUSES_ACTIVATION = ("Conv2D", "Dense", "BatchNormalization", "Add")  # a following ReLU
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 
 
@@ -72,15 +96,32 @@ class ModelProfile:
     @functools.cache  # noqa: B019 (profiles are few and live for the run)
     def image_seconds(self, peak_flops, memory_bandwidth=0.0, activation_bytes=4):
         """Roofline seconds of one trained image at 100% of the device:
-        sum over layers of max(3 F / peak, 3 (inputs + outputs) s_a / M)."""
-        total = 0.0
+        sum over layers of max(3 F / peak, A s_a / M) (A: moved_elements)."""
+        total, previous = 0.0, None
         for layer in self.layers:
             seconds = TRAINING_FLOPS_FACTOR * layer.forward_flops / peak_flops
             if memory_bandwidth:
-                moved = TRAINING_FLOPS_FACTOR * (layer.input_elements + layer.output_elements)
+                moved = moved_elements(layer, previous)
                 seconds = max(seconds, moved * activation_bytes / memory_bandwidth)
             total += seconds
+            previous = layer
         return total
+
+
+def moved_elements(layer, previous=None):
+    """Elements `layer` reads and writes in one trained image, fused as XLA
+    fuses it (the module docstring's table); `previous`: the layer before it
+    (its producer in these sequential profiles; None at a model's or a
+    pipeline stage's start)."""
+    if layer.kind in FOLDED:
+        return 0
+    if layer.kind == "ReLU" and previous is not None and previous.kind in FUSES_ACTIVATION:
+        return 0
+    if layer.kind == "BatchNormalization":
+        return BATCH_NORM_PASSES * layer.output_elements
+    if layer.kind == "Add":
+        return RESIDUAL_ADD_PASSES * layer.output_elements
+    return TRAINING_FLOPS_FACTOR * (layer.input_elements + layer.output_elements)
 
 
 def _elements(shape):
