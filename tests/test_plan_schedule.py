@@ -255,8 +255,12 @@ def test_the_mikami_example_plans_the_records_hardware_and_batches():
     )
     assert options.intra_node_bandwidth * plan.GB == rec.intra_bandwidth
     assert options.inter_node_bandwidth * plan.GB == rec.inter_bandwidth
-    batches = [span.global_batch for span in options.phase_spans()]
-    assert batches == sorted(rec.assumed["global_batch"]) == [34816, 69632]
+    spans = options.phase_spans()
+    assert [span.global_batch for span in spans] == [rec.global_batch, rec.grown_batch]
+    assert spans[1].first_epoch == rec.switch_epoch  # the record's nominal switch
+    # the same plan as the record's own under the V100's calibration
+    record_plan = plan.predict_record(rec, plan.PER_DEVICE)
+    assert options.phased_plan().seconds == pytest.approx(record_plan.seconds, rel=1e-12)
 
 
 @pytest.mark.subprocess

@@ -109,6 +109,7 @@ from keras_lars.tools.plan.records import CALIBRATION_RECORD
 from keras_lars.tools.plan.records import INPUTS
 from keras_lars.tools.plan.records import PER_DEVICE
 from keras_lars.tools.plan.records import RECORDS
+from keras_lars.tools.plan.records import SCHEDULE_INPUTS
 from keras_lars.tools.plan.records import TOLERANCE
 from keras_lars.tools.plan.records import Record
 from keras_lars.tools.plan.records import record
@@ -126,6 +127,7 @@ from keras_lars.tools.plan.step import leave_one_out
 from keras_lars.tools.plan.step import plan_run
 from keras_lars.tools.plan.step import predict_record
 from keras_lars.tools.plan.step import recipe_epochs
+from keras_lars.tools.plan.step import record_phases
 from keras_lars.tools.plan.step import record_range
 from keras_lars.tools.plan.step import records_rows
 from keras_lars.tools.plan.step import step_time
@@ -145,6 +147,7 @@ __all__ = [
     "PER_DEVICE",
     "RECORDS",
     "RESERVE",
+    "SCHEDULE_INPUTS",
     "THROUGHPUTS",
     "TOLERANCE",
     "TRAINING_FLOPS_FACTOR",
@@ -204,6 +207,7 @@ __all__ = [
     "profile_keras_model",
     "recipe_epochs",
     "record",
+    "record_phases",
     "record_range",
     "records_markdown",
     "records_rows",

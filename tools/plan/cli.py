@@ -798,6 +798,12 @@ def _verdict(rec, row):
     return "within" if row.within else "MISS"
 
 
+def _batch_text(rec, arrow="->"):
+    """'34,816', or '34,816->69,632' where the batch grew (at its switch_epoch)."""
+    grown = f"{arrow}{rec.grown_batch:,}" if rec.grown_batch else ""
+    return f"{rec.global_batch:,}{grown}"
+
+
 def _per_device_u(rec):
     """The record's device's calibrated u at its activations ('-': none)."""
     device = rec.device_model(PER_DEVICE)
@@ -832,7 +838,7 @@ def records_text():
         f"u = {CALIBRATED_UTILIZATION} fitted on {CALIBRATION_RECORD}, (b) per device: u, b_half "
         f"and c_fixed fitted on the device's published throughputs (nothing on the records); "
         f"within: the whole range over the assumed inputs inside +-{TOLERANCE:.0%}",
-        f"{'record':<22}{'hardware':<22}{'batch':>8}{'epochs':>7}{'published':>11}"
+        f"{'record':<22}{'hardware':<22}{'batch':>15}{'epochs':>7}{'published':>11}"
         f"{'(a) predicted':>14}{'error (range)':>17}{'(b) u':>7}{'predicted':>11}"
         f"{'error (range)':>17}{'fit u':>7}{'LOO':>5}  verdict (a) / (b)",
     ]
@@ -840,7 +846,7 @@ def records_text():
         rec = row.record
         predicted = duration(other.predicted) if other else "-"
         lines.append(
-            f"{rec.key:<22}{f'{rec.devices} {rec.device}':<22}{rec.global_batch:>8,}"
+            f"{rec.key:<22}{f'{rec.devices} {rec.device}':<22}{_batch_text(rec):>15}"
             f"{rec.epochs:>7g}{duration(rec.published_seconds):>11}"
             f"{duration(row.predicted):>14}{_range_text(row):>17}{_per_device_u(rec):>7}"
             f"{predicted:>11}{_range_text(other):>17}"
@@ -897,7 +903,7 @@ def records_markdown():
             verdicts.append(verdict)
         lines.append(
             f"| `{rec.key}` | {rec.paper} | {rec.devices} {rec.device} | "
-            f"{rec.global_batch:,} | {rec.epochs:g} | {duration(rec.published_seconds)} | "
+            f"{_batch_text(rec, ' → ')} | {rec.epochs:g} | {duration(rec.published_seconds)} | "
             f"{_inputs_text(rec)} | {duration(row.predicted)} | {_range_text(row)} | "
             f"{verdicts[0]} | {_per_device_u(rec)} | "
             f"{duration(other.predicted) if other else '-'} | {_range_text(other)} | "

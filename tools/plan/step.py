@@ -24,6 +24,7 @@ import dataclasses
 import itertools
 import statistics
 
+from keras_lars import BatchSchedule
 from keras_lars.recipes import IMAGENET_TRAIN_EXAMPLES
 from keras_lars.recipes import epochs_to_steps
 from keras_lars.recipes import resnet50_lars_recipe
@@ -32,10 +33,14 @@ from keras_lars.tools.plan.device import DTYPE_BYTES
 from keras_lars.tools.plan.device import TRAINING_FLOPS_FACTOR
 from keras_lars.tools.plan.device import LayerProfile
 from keras_lars.tools.plan.device import model_profile
+from keras_lars.tools.plan.phases import PhasedPlan
+from keras_lars.tools.plan.phases import PhasePlan
+from keras_lars.tools.plan.phases import phase_spans
 from keras_lars.tools.plan.records import CALIBRATED_UTILIZATION
 from keras_lars.tools.plan.records import RECORDS
 from keras_lars.tools.plan.records import TOLERANCE
 
+RECORD_IMAGE_SIZE = 224  # every record trains ResNet-50 at 224x224
 # of the training compute: the backward pass is 2 of the 3 forward passes
 BACKWARD_FRACTION = (TRAINING_FLOPS_FACTOR - 1) / TRAINING_FLOPS_FACTOR
 
@@ -169,22 +174,42 @@ def layer_choices(profile, global_batch, gradient_bytes=4, activation_bytes=4):
 # --- the published records ------------------------------------------------------------------
 def predict_record(rec, utilization=CALIBRATED_UTILIZATION, **choice):
     """The Run this planner predicts for a record's hardware (ResNet-50),
-    with `choice` replacing some of its inputs (one of its assumed values);
+    a phases.PhasedPlan where its batch grew (`record_phases`), with
+    `choice` replacing some of its inputs (one of its assumed values);
     `utilization`: one u, or records.PER_DEVICE (None where the device has
     no published throughput)."""
     rec = dataclasses.replace(rec, **choice) if choice else rec
     device = rec.device_model(utilization)
     if device is None:
         return None
-    return plan_run(
-        model_profile("resnet50"),
-        rec.global_batch,
-        rec.epochs,
-        device,
-        rec.cluster(),
-        DTYPE_BYTES[rec.gradient_dtype],
-        rec.overlap,
+    runs = [
+        plan_run(
+            model_profile("resnet50"),
+            span.global_batch,
+            span.epochs,
+            device,
+            rec.cluster(),
+            DTYPE_BYTES[rec.gradient_dtype],
+            rec.overlap,
+        )
+        for span in record_phases(rec)
+    ]
+    if len(runs) == 1:
+        return runs[0]
+    return PhasedPlan(
+        tuple(PhasePlan(span, run, None) for span, run in zip(record_phases(rec), runs))
     )
+
+
+def record_phases(rec):
+    """The phases.PhaseSpan of each phase of a record's run: all of it at
+    `global_batch`, or, where its batch grew, `global_batch` to
+    `switch_epoch` and `grown_batch` after (keras_lars.BatchSchedule's
+    phases, as keras-lars-plan --batch_schedule plans them)."""
+    text = f"0:{rec.global_batch}"
+    if rec.grown_batch:
+        text += f",{rec.switch_epoch:g}:{rec.grown_batch}"
+    return phase_spans(BatchSchedule.parse(text), rec.epochs, RECORD_IMAGE_SIZE)
 
 
 def fit_utilization(rec):
