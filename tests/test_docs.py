@@ -4,6 +4,8 @@ import importlib.util
 import os
 import re
 
+import numpy as np
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
@@ -71,3 +73,16 @@ def test_readme_links_to_the_tables_it_used_to_copy():
         assert f"]({page})" in readme, page
     versions = _read("docs", "versions.md")
     assert "<!-- matrix: nox -s matrix_table -->\n| TensorFlow | Keras | jax |" in versions
+
+
+def test_readme_batch_size_control_example_runs_and_gives_the_closed_form():
+    readme = _read("README.md")
+    block = re.search(r"\*\*Batch-size control\.\*\*.*?```python\n(.*?)```", readme, re.S).group(1)
+    import keras_lars
+
+    found = {}
+    exec(block, {"keras_lars": keras_lars}, found)
+    assert [p.global_batch_size for p in found["phases"].phases] == [4096, 8192, 8192, 16384, 16384]
+    # Step 20,000 is past the 90 epochs (312 + 156 + 78 steps an epoch over 30 each:
+    # 90 epochs end at step 16,380): the end rate 1e-4, scaled linearly 16384 / 4096.
+    assert float(found["schedule"](20000)) == np.float32(4e-4)
