@@ -128,21 +128,40 @@ def test_a_layout_regex_matching_twice_is_refused():
         collectives.spec_of("fc6/kernel", {"fc6/.*": ("model", None), ".*kernel": (None, None)})
 
 
+def test_xla_keeps_split_what_a_dense_layer_split_by_inputs_reads():
+    """ResNet-50's classifier reads the 2048 channels of stage 4 split: back
+    through the average pool, each block's ReLU, add and last batch norm to
+    the convolutions that produce them (conv3 of each block, block 1's
+    shortcut), not into the blocks' first convolutions or stage 3."""
+    layouts = collectives.plan_layout("resnet50", 224, "model_parallel", 2)
+    kept = collectives._kept(collectives.model_graph("resnet50", 224), layouts, 2)
+    blocks = [f"stage4_block{b}" for b in (1, 2, 3)]
+    producers = {f"{b}_conv3" for b in blocks} | {"stage4_block1_shortcut_conv"}
+    passed = {"avg_pool", "stage4_block1_shortcut_bn"}
+    passed |= {f"{b}_{layer}" for b in blocks for layer in ("out", "add", "bn3")}
+    assert kept == dict.fromkeys(producers, True) | dict.fromkeys(passed, False)
+    alexnet = collectives.plan_layout("alexnet", 224, "model_parallel", 4)
+    kept = collectives._kept(collectives.model_graph("alexnet", 224), alexnet, 4)
+    assert {name for name, producer in kept.items() if producer} == {"flatten", "fc6", "fc7"}
+
+
 # --- against the compiled step --------------------------------------------------------------
 # (model, layout, devices, model axis, image, batch): 224x224, where AlexNet's fc6 and
 # every activation have their published size (data-parallel bytes of ResNet-50 do not
-# depend on it; AlexNet's do, through fc6). Model-parallel ResNet-50 is not modelled
-# within 2%: docs/planning.md's table (python -m keras_lars.tools.plan.hlo_bytes) has it.
+# depend on it; AlexNet's do, through fc6).
 SUITE = (
     ("alexnet", "data_parallel", 8, 1, 224, 256),
     ("alexnet", "model_parallel", 8, 4, 224, 256),
     ("resnet50", "data_parallel", 8, 1, 224, 256),
+    ("resnet50", "model_parallel", 8, 2, 224, 256),
     ("alexnet", "data_parallel", 16, 1, 224, 512),
     ("alexnet", "model_parallel", 16, 4, 224, 512),
     ("resnet50", "data_parallel", 16, 1, 224, 512),
+    ("resnet50", "model_parallel", 16, 2, 224, 512),
     ("alexnet", "data_parallel", 64, 1, 224, 2048),
     ("alexnet", "model_parallel", 64, 8, 224, 2048),
     ("resnet50", "data_parallel", 64, 1, 224, 2048),
+    ("resnet50", "model_parallel", 64, 8, 224, 2048),
 )
 
 

@@ -22,24 +22,35 @@ with ring algorithms over g devices: all-reduce 2 (g - 1) / g x, all-gather
                 the input gradient is a partial sum over the output channels,
                 all-reduced over "model" (n I s), unless the input is the
                 model's (through layers without variables)
-    conv, whole kernel, S input: the input all-gathered once (n I s), also
-                when several layers read it; the kernel's gradient comes out S
-    Flatten of an S map wider than 1x1: all-gathered (n I s); the output is R
+    conv or dense, whole kernel, S input: XLA moves the fewer bytes of
+                gathering the input once (n I s, also when several layers
+                read it) and keeping it split: partial outputs all-reduced
+                (2 n O s); the kernel's gradient comes out S either way
+    Flatten of an S map wider than 1x1: all-gathered (n I s)
     dense, kernel split by inputs ("model", None): each device's partial
-                output is all-reduced over "model" (n O s) and comes out R;
-                backward: the input gradient comes out S and is all-gathered
-                (n I s) when the input was R; the layer feeding it through
-                elementwise layers gets an S gradient
+                output is all-reduced over "model" (n O s); its input is
+                kept S (below)
+    kept split: XLA keeps a tensor S where a dense layer split by inputs
+                reads it, and upstream of it through the layers that map
+                channel c to channel c (CHANNELWISE: the residual stream of
+                ResNet-50's stage 4 back from the classifier), up to the
+                first layer that does not (its producer: a conv, a dense, a
+                Flatten): both passes keep these outputs S (a batch norm's
+                statistics C / m, its gamma and beta updated on the shards);
+                backward, the producer all-gathers its output gradient for
+                its input gradient (n O s) unless its input is the model's,
+                and a conv reading an S input once more for its kernel's
+                gradient (x_S^T dy needs dy whole); a producer whose own S
+                kernel splits its output keeps it split and gathers nothing
     dense, kernel split by outputs (None, "model"): as a conv with an S
                 kernel (not among the measured layouts)
     LARS        2 scalars a split kernel (its norms' partial sums), over b m
     updates     a replicated variable whose gradient is S (the bias of a
                 split layer, a batch norm's gamma and beta after it, a whole
-                kernel read from an S input): XLA computes its update on the
-                m shards and all-gathers the new value and its momentum, 2 P
+                kernel read from an S input, the variables of a layer whose
+                output is kept S): XLA computes its update on the m shards
+                and all-gathers the new value and its momentum, 2 P
 
-Not modelled: which tensors XLA keeps split of its own accord (stage 4 of
-ResNet-50 under --distribution=model_parallel: docs/planning.md).
 (measured on the compiled HLO of the tool's step, tools/plan/hlo_bytes.py;
 docs/planning.md has the table.) `layout_bytes` sums them by collective.
 """
@@ -57,7 +68,19 @@ from keras_lars.tools.plan import layout_file
 FLOAT_BYTES = 4
 LOSS_SCALARS = 3  # all-reduced every step: the loss's sum and weight, the sample count
 LARS_NORMS = 2  # a sharded kernel's ||w|| and ||update|| partial sums, all-reduced
-ELEMENTWISE = ("Dropout", "ReLU", "Activation")  # keep a split gradient split
+# Layers mapping channel c to channel c: a split over channels passes through them.
+CHANNELWISE = (
+    "Activation",
+    "Add",
+    "AveragePooling2D",
+    "BatchNormalization",
+    "Dropout",
+    "GlobalAveragePooling2D",
+    "GlobalMaxPooling2D",
+    "MaxPooling2D",
+    "ReLU",
+    "ZeroPadding2D",
+)
 BN_STATISTICS = 4  # values per batch-norm channel all-reduced beyond its gradients
 
 
@@ -124,40 +147,49 @@ def _all_gather(values, group):
     return (group - 1) / group * values * FLOAT_BYTES if group > 1 else 0.0
 
 
-def _forward(nodes, layouts, m):
-    """{layer: (kernel spec, output split, input split)} in layer order."""
+def _kernel_spec(node, layouts, m):
+    specs = [spec_of(p, layouts) for p in node.variables if p.endswith("kernel")]
+    return specs[0] if specs and m > 1 else None
+
+
+def _kept(nodes, layouts, m):
+    """{layer: producer?}: the layers whose outputs XLA keeps split
+    (module docstring): upstream of each input of a dense layer split by
+    inputs through CHANNELWISE layers (False), to their producers (True)."""
+    by_name = {node.name: node for node in nodes}
+    kept = {}
+    pending = [
+        node.inputs[0]
+        for node in nodes
+        if node.kind == "Dense" and (_kernel_spec(node, layouts, m) or (None,))[0] == "model"
+    ]
+    while pending:
+        name = pending.pop()
+        if name not in by_name or name in kept:
+            continue  # the model's input, or walked already
+        node = by_name[name]
+        kept[name] = node.kind not in CHANNELWISE
+        if not kept[name]:
+            pending.extend(node.inputs)
+    return kept
+
+
+def _forward(nodes, layouts, m, kept):
+    """{layer: (kernel spec, output split, input split, output split by its
+    own kernel)} in layer order."""
     states, split = {}, {}
     for node in nodes:
-        specs = [spec_of(p, layouts) for p in node.variables if p.endswith("kernel")]
-        kernel = specs[0] if specs and m > 1 else None
+        kernel = _kernel_spec(node, layouts, m)
         input_split = any(split.get(name, False) for name in node.inputs)
-        out = input_split
+        own = input_split
         if node.kind in ("Conv2D", "Dense"):
             sharded = bool(kernel) and "model" in kernel
-            out = sharded and not (node.kind == "Dense" and kernel[0] == "model")
+            own = sharded and not (node.kind == "Dense" and kernel[0] == "model")
         elif node.kind == "Flatten" and node.input_elements != node.input_channels:
-            out = False  # a split H x W x C map does not flatten to split features
-        split[node.name] = out
-        states[node.name] = (kernel, out, input_split)
+            own = False  # a split H x W x C map does not flatten to split features
+        split[node.name] = own or node.name in kept
+        states[node.name] = (kernel, split[node.name], input_split, own)
     return states
-
-
-def _split_gradients(nodes, states):
-    """Layers whose output gradient reaches them split over "model": the
-    producer (through elementwise layers: XLA computes the producer's bias
-    gradient from the split copy) of a dense layer split by its inputs
-    whose input was whole."""
-    by_name = {node.name: node for node in nodes}
-    marked = set()
-    for node in nodes:
-        kernel, _, input_split = states[node.name]
-        if node.kind == "Dense" and kernel and kernel[0] == "model" and not input_split:
-            name = node.inputs[0]
-            while name in by_name and by_name[name].kind in ELEMENTWISE:
-                name = by_name[name].inputs[0]
-            if name in by_name and by_name[name].variables:
-                marked.add(name)
-    return marked
 
 
 def _reads_images(node, nodes):
@@ -177,25 +209,32 @@ def layout_bytes(model_name, image_size, global_batch, mesh, layouts, num_classe
     n = global_batch / b
     moved = {"all-reduce": _all_reduce(LOSS_SCALARS, b * m), "all-gather": 0.0}
     nodes = model_graph(model_name, image_size, num_classes)
-    states = _forward(nodes, layouts, m)
-    gradient_split = _split_gradients(nodes, states)
+    kept = _kept(nodes, layouts, m)
+    states = _forward(nodes, layouts, m, kept)
     gathered = set()  # split tensors already gathered (XLA gathers one once)
     for node in nodes:
-        kernel, out_split, input_split = states[node.name]
+        kernel, out_split, input_split, own_split = states[node.name]
         sharded = bool(kernel) and "model" in kernel
         activations_in, activations_out = n * node.input_elements, n * node.output_elements
         if node.kind in ("Conv2D", "Dense") and sharded and kernel[0] == "model":
             moved["all-reduce"] += _all_reduce(activations_out, m)  # partial outputs
-            if not input_split:  # the input gradient comes out split
-                moved["all-gather"] += _all_gather(activations_in, m)
-        elif node.kind in ("Conv2D", "Dense", "Flatten"):
-            if input_split and node.inputs[0] not in gathered:
-                gathered.add(node.inputs[0])
-                moved["all-gather"] += _all_gather(activations_in, m)
-                if sharded:  # gathered again for the kernel's gradient
-                    moved["all-gather"] += _all_gather(activations_in, m)
-            if sharded and not _reads_images(node, nodes):  # partial input gradients
-                moved["all-reduce"] += _all_reduce(activations_in, m)
+        elif node.kind in ("Conv2D", "Dense", "Flatten") and input_split:
+            gather, keep = _all_gather(activations_in, m), _all_reduce(activations_out, m)
+            if sharded or node.kind == "Flatten" or gather <= keep:
+                if node.inputs[0] not in gathered:
+                    gathered.add(node.inputs[0])
+                    moved["all-gather"] += gather
+                    if sharded:  # gathered again for the kernel's gradient
+                        moved["all-gather"] += gather
+            else:  # kept split: partial outputs
+                moved["all-reduce"] += keep
+        partial_input_gradients = sharded and kernel[0] != "model"
+        if partial_input_gradients and not _reads_images(node, nodes):
+            moved["all-reduce"] += _all_reduce(activations_in, m)
+        if kept.get(node.name) and not own_split:  # the kept output's gradient, gathered
+            reads_images = _reads_images(node, nodes)
+            again = node.kind == "Conv2D" and input_split
+            moved["all-gather"] += (1 - reads_images + again) * _all_gather(activations_out, m)
         if node.kind == "BatchNormalization":
             channels = next(iter(node.variables.values()))[0] / (m if out_split else 1)
             moved["all-reduce"] += _all_reduce(BN_STATISTICS * channels, b)
@@ -205,7 +244,7 @@ def layout_bytes(model_name, image_size, global_batch, mesh, layouts, num_classe
             if path.endswith("kernel") and sharded:
                 moved["all-reduce"] += _all_reduce(size / m, b)
                 moved["all-reduce"] += _all_reduce(LARS_NORMS, b * m)
-            elif out_split or node.name in gradient_split or whole_kernel_split_input:
+            elif out_split or whole_kernel_split_input:
                 moved["all-reduce"] += _all_reduce(size / m, b)
                 moved["all-gather"] += 2 * _all_gather(size, m)  # the variable, its momentum
             else:
