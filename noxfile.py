@@ -84,9 +84,11 @@ def matrix(session, tensorflow, keras):
 @nox.session
 def oldest_ci(session):
     """CI's oldest-pair stage: the whole suite on the oldest pair but the
-    modules that exercise no version-dependent path (tests/conftest.py's
-    VERSION_INDEPENDENT, each with its reason), which the newest pair runs."""
-    _suite(session, *OLDEST, ["-m", "not version_independent"], "all but version-independent")
+    modules that exercise no version-dependent path and three single-process
+    end-to-end runs (tests/conftest.py's VERSION_INDEPENDENT and
+    NEWEST_ONLY_IN_CI, each with its reason), which the newest pair runs."""
+    selection = "not version_independent and not newest_only_in_ci"
+    _suite(session, *OLDEST, ["-m", selection], "all but version-independent, newest-only")
 
 
 def _suite(session, tensorflow, keras, pytest_args, scope):

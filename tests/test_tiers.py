@@ -149,3 +149,16 @@ def test_version_independent_is_marked_on_those_modules_only(request):
         marked = item.get_closest_marker("version_independent") is not None
         name = os.path.basename(str(item.fspath))
         assert marked == (name in conftest.VERSION_INDEPENDENT), item.nodeid
+
+
+def test_newest_only_in_ci_names_collected_tests_outside_the_kept_paths(request):
+    collected = {
+        f"{os.path.basename(str(item.fspath))}::{item.name}": item for item in request.session.items
+    }
+    for name in conftest.NEWEST_ONLY_IN_CI:
+        if name in collected:  # a run of some modules collects only those
+            item = collected[name]
+            assert item.get_closest_marker("newest_only_in_ci"), name
+            assert not item.get_closest_marker("multiworker"), name
+    names = {name.split("::")[1] for name in conftest.NEWEST_ONLY_IN_CI}
+    assert not {n for n in names if any(w in n for w in ("sigterm", "kill", "worker", "jax"))}
