@@ -85,7 +85,7 @@ def closed_form_rate(step, phases, num_train, peak, warmup, total, end, factors)
         ),
         (
             dict(image_size_schedule="0:16,1:4"),
-            r"--image_size_schedule=0:16,1:4: phase 2: the image size 4 is not in \[8, 4096\]",
+            r"--image_size_schedule=0:16,1:4: phase 2: the image size 4 must be between 8 and 4096",
         ),
         (
             dict(image_size_schedule="0:16,1:32", image_size=24),

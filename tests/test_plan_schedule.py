@@ -182,7 +182,7 @@ def test_a_batch_the_devices_do_not_divide_is_refused_by_name():
         ),
         (
             dict(batch_schedule="0:4096", global_batch_size=2048),
-            "--batch_schedule=0:4096: the first phase's global batch size 4096 differs from "
+            "--batch_schedule=0:4096: the first phase's batch 4096 differs from "
             "--global_batch_size=2048 (leave that at its default or make them equal).",
         ),
         (
@@ -192,7 +192,7 @@ def test_a_batch_the_devices_do_not_divide_is_refused_by_name():
         ),
         (
             dict(image_size_schedule="0:128,40:3"),
-            "--image_size_schedule=0:128,40:3: phase 2: the image size must be >= 7.",
+            "--image_size_schedule=0:128,40:3: phase 2: the image size 3 must be >= 7.",
         ),
         (
             dict(image_size_schedule="0:128,forty:192"),

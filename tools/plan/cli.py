@@ -1,7 +1,6 @@
 """keras-lars-plan: the flags (`PlanSettings`), the text reports and the
 entry point `run`."""
 
-import contextlib
 import dataclasses
 
 from absl import app
@@ -39,6 +38,9 @@ from keras_lars.tools.plan.step import layer_choices
 from keras_lars.tools.plan.step import leave_one_out
 from keras_lars.tools.plan.step import plan_run
 from keras_lars.tools.plan.step import records_rows
+from keras_lars.tools.schedule_flags import SETS
+from keras_lars.tools.schedule_flags import first_phase_value
+from keras_lars.tools.schedule_flags import phases_problem
 from keras_lars.tools.settings import ConfigError
 from keras_lars.tools.settings import at_least
 from keras_lars.tools.settings import greater_than
@@ -48,7 +50,6 @@ MODELS = (*BUILDERS, "custom")  # the reference models, or totals given by flags
 DEFAULT_DEVICE = "V100-SXM2-16GB"
 DEFAULT_PER_DEVICE_BATCH = 128  # or the largest power of two that fits, if smaller
 GRADIENT_DTYPES = tuple(dtype for dtype in ALLREDUCE_DTYPES if dtype)  # keras_lars's all-reduce
-SCHEDULES = {"batch_schedule": "global_batch_size", "image_size_schedule": "image_size"}
 IMAGE_SIZE_CHECK = at_least(7)
 
 
@@ -90,40 +91,21 @@ def _batch(value, config):
     return None
 
 
-def _schedule_problem(value, config, flag):
-    """--batch_schedule / --image_size_schedule (`flag` the one it sets):
-    phases that parse (keras_lars.BatchSchedule, as the training tool's), start
-    before --epochs, the first at `flag` (at its default it takes it)."""
-    if not value:
-        return None
-    sizes = flag == "image_size"
-    try:  # "0:1": a valid batch, to check the image sizes alone
-        schedule = BatchSchedule.parse("0:1", value) if sizes else BatchSchedule.parse(value)
-    except ValueError as error:
-        return str(error).rstrip(".")
-    if not config.epochs:
+def _schedule_problem(value, config, schedule_flag):
+    """--batch_schedule / --image_size_schedule: --epochs given,
+    schedule_flags.phases_problem before --epochs, image sizes >= 7 and, with
+    image sizes, a resnet model (global pooling takes any size)."""
+    if value and not config.epochs:
         return "needs --epochs > 0 (0: the recipe's epochs, which are for one batch)"
-    values = [p.image_size if sizes else p.global_batch_size for p in schedule.phases]
-    for number, (phase, phase_value) in enumerate(zip(schedule.phases, values), 1):
-        if phase.epoch >= config.epochs:
-            return (
-                f"phase {number} starts at epoch {phase.epoch}, at or beyond "
-                f"--epochs={config.epochs:g}"
-            )
-        if sizes and IMAGE_SIZE_CHECK(phase_value, config):
-            return f"phase {number}: the image size {IMAGE_SIZE_CHECK(phase_value, config)}"
-    if getattr(config, flag) != values[0]:
-        return (
-            f"the first phase's {flag.replace('_', ' ')} {values[0]} differs from --{flag}="
-            f"{getattr(config, flag)} (leave that at its default or make them equal)"
-        )
-    if sizes and not config.model.startswith("resnet"):
+    problem = phases_problem(value, config, schedule_flag, "epochs", IMAGE_SIZE_CHECK)
+    resizing = value and schedule_flag == "image_size_schedule"
+    if not problem and resizing and not config.model.startswith("resnet"):
         return f"needs a resnet --model (global pooling takes any size), not {config.model}"
-    return None
+    return problem
 
 
 def _one_batch(value, config):
-    if value and any(getattr(config, name) for name in SCHEDULES):
+    if value and any(getattr(config, name) for name in SETS):
         return "plans one batch and image size: not with --batch_schedule / --image_size_schedule"
     return None
 
@@ -256,14 +238,14 @@ class PlanSettings:
         "0:4096,30:8192 (the first at epoch 0, all before --epochs, each batch a multiple of "
         "--devices); each phase is planned at its batch and the times summed "
         "(tools/plan/phases.py). Empty: the constant --global_batch_size.",
-        check=lambda value, config: _schedule_problem(value, config, "global_batch_size"),
+        check=lambda value, config: _schedule_problem(value, config, "batch_schedule"),
     )
     image_size_schedule: str = setting(
         "",
         "Progressive resizing, as keras-lars-train's: phases epoch:image side, e.g. "
         "0:128,40:192,80:224 (resnet models); each phase's compute and activations at its "
         "size. Empty: the constant --image_size.",
-        check=lambda value, config: _schedule_problem(value, config, "image_size"),
+        check=lambda value, config: _schedule_problem(value, config, "image_size_schedule"),
     )
     layers: bool = setting(
         False,
@@ -281,11 +263,10 @@ class PlanSettings:
 
     def __post_init__(self):
         defaults = type(self).__dataclass_fields__
-        for schedule, flag in SCHEDULES.items():  # at its default, the first phase's value
-            text = getattr(self, schedule)
-            if text and getattr(self, flag) == defaults[flag].default:
-                with contextlib.suppress(ValueError):  # one that does not parse fails its check
-                    object.__setattr__(self, flag, parse_phases(text)[0][1])
+        for schedule, flag in SETS.items():  # at its default, the first phase's value
+            value = getattr(self, flag)
+            value = first_phase_value(getattr(self, schedule), value, defaults[flag].default)
+            object.__setattr__(self, flag, value)
         settings.check(self)
         if not self.global_batch_size and not self.default_per_device_batch():
             raise ConfigError(
@@ -436,7 +417,7 @@ class PlanSettings:
     # --- the schedule
     def schedule_flags(self):
         """The schedule flags given, as they read ('' if none)."""
-        given = [name for name in SCHEDULES if getattr(self, name)]
+        given = [name for name in SETS if getattr(self, name)]
         return " ".join(f"--{name}={getattr(self, name)}" for name in given)
 
     def schedule(self):

@@ -15,6 +15,9 @@ import keras_lars
 from keras_lars import models
 from keras_lars.tools import input_pipeline
 from keras_lars.tools import settings
+from keras_lars.tools.schedule_flags import SETS
+from keras_lars.tools.schedule_flags import first_phase_value
+from keras_lars.tools.schedule_flags import phases_problem
 from keras_lars.tools.settings import ConfigError
 from keras_lars.tools.settings import at_least
 from keras_lars.tools.settings import between
@@ -69,38 +72,17 @@ def _end_rate(value, config):
     return problem
 
 
-def _schedule_problem(value, config, kind):
-    """--batch_schedule (kind "batch") or --image_size_schedule ("image
-    size"): phases that parse, start before --train_epochs, in epochs (not
-    --train_steps), the first at --global_batch_size / --image_size."""
-    if not value:
-        return None
-    sizes = kind == "image size"
-    try:  # "0:1": a valid batch, to check the image sizes alone
-        schedule = keras_lars.BatchSchedule.parse("0:1", value) if sizes else None
-        schedule = schedule or keras_lars.BatchSchedule.parse(value)
-    except ValueError as error:
-        return str(error).rstrip(".")
-    if config.train_steps:
+def _schedule_problem(value, config, schedule_flag):
+    """--batch_schedule / --image_size_schedule: counted in epochs (not
+    --train_steps), schedule_flags.phases_problem before --train_epochs, image
+    sizes in [8, 4096] and, with image sizes, a model that takes any size."""
+    if value and config.train_steps:
         return "counts epochs: leave --train_steps at 0 and give --train_epochs"
-    values = [p.image_size if sizes else p.global_batch_size for p in schedule.phases]
-    for number, (phase, phase_value) in enumerate(zip(schedule.phases, values), 1):
-        if phase.epoch >= config.train_epochs:
-            return (
-                f"phase {number} starts at epoch {phase.epoch}, at or beyond "
-                f"--train_epochs={config.train_epochs}"
-            )
-        if sizes and between(8, 4096)(phase_value, config):
-            return f"phase {number}: the image size {phase_value} is not in [8, 4096]"
-    flag = "image_size" if sizes else "global_batch_size"
-    if getattr(config, flag) != values[0]:
-        return (
-            f"the first phase's {kind} {values[0]} differs from --{flag}="
-            f"{getattr(config, flag)} (leave that at its default or make them equal)"
-        )
-    if sizes and config.model.startswith("alexnet"):
+    problem = phases_problem(value, config, schedule_flag, "train_epochs", between(8, 4096))
+    resizing = value and schedule_flag == "image_size_schedule"
+    if not problem and resizing and config.model.startswith("alexnet"):
         return f"--model={config.model} flattens a feature map of one size; use a resnet"
-    return None
+    return problem
 
 
 def _cluster_check(value, config):
@@ -110,18 +92,6 @@ def _cluster_check(value, config):
     if config.backend == "jax":
         return None if value == "slurm" else "needs --backend=tensorflow --strategy=multi_worker"
     return f"needs --strategy=multi_worker, not --strategy={config.strategy}"
-
-
-def first_phase_value(schedule, value, default):
-    """A setting under its schedule: `value`, or, where it is left at its
-    `default`, the first phase's value of the flag text `schedule` (a
-    schedule that does not parse keeps `value`: its own check names it)."""
-    if not schedule or value != default:
-        return value
-    try:
-        return keras_lars.batch_schedule.parse_phases(schedule)[0][1]
-    except ValueError:
-        return value
 
 
 @dataclasses.dataclass(frozen=True)
@@ -151,14 +121,14 @@ class Config:
         "all before --train_epochs); each phase feeds its own batches to its own compiled step "
         "and the rate follows the epochs done (keras_lars.EpochWarmupPolyDecay). "
         "Empty: the constant --global_batch_size.",
-        check=lambda value, c: _schedule_problem(value, c, "batch"),
+        check=lambda value, c: _schedule_problem(value, c, "batch_schedule"),
     )
     image_size_schedule: str = setting(
         "",
         "Progressive resizing: phases epoch:image side, e.g. 0:16,2:32 (the first at epoch 0, "
         "all before --train_epochs; resnet models); each phase reads its images at its size. "
         "Empty: the constant --image_size.",
-        check=lambda value, c: _schedule_problem(value, c, "image size"),
+        check=lambda value, c: _schedule_problem(value, c, "image_size_schedule"),
     )
     batch_coupling: str = setting(
         "grow",
@@ -471,11 +441,9 @@ class Config:
 
     def __post_init__(self):
         defaults = type(self).__dataclass_fields__
-        for flag, schedule in (
-            ("global_batch_size", self.batch_schedule),
-            ("image_size", self.image_size_schedule),
-        ):
-            value = first_phase_value(schedule, getattr(self, flag), defaults[flag].default)
+        for schedule, flag in SETS.items():  # at its default, the first phase's value
+            value = getattr(self, flag)
+            value = first_phase_value(getattr(self, schedule), value, defaults[flag].default)
             object.__setattr__(self, flag, value)
         if self.backend is None:
             object.__setattr__(self, "backend", keras.backend.backend())

@@ -11,10 +11,10 @@ import os
 import keras
 
 import keras_lars
+from keras_lars.tools.schedule_flags import first_phase_value
 from keras_lars.tools.settings import ConfigError
 from keras_lars.tools.train import cluster
 from keras_lars.tools.train.config import Config
-from keras_lars.tools.train.config import first_phase_value
 
 # On JAX, the processes' settings not given as flags come from these variables.
 JAX_ENVIRONMENT = {
