@@ -1299,7 +1299,9 @@ def test_a_sigterm_then_a_killed_worker_and_the_reruns_end_as_the_uninterrupted_
     codes, errors = _finish(victims)
     assert codes == [train.EXIT_PREEMPTED] * 2, "\n".join(e[-3000:] for e in errors)
     for error in errors:
-        assert "a process of the cluster received SIGTERM" in error
+        assert "a process of the cluster received SIGTERM" in error, "\n".join(
+            e[-3000:] for e in errors
+        )
     saved = checkpoints.saved(str(stopped / "checkpoints"))[-1]
     assert (1, 0) < saved < (3, 0)  # after the first epoch, before the end
     assert "waiting for" not in "".join(errors)  # a 5 s start gap is no news
