@@ -9,11 +9,14 @@ and one taken s steps into the epoch after e (step checkpoints, preemption)
 is ckpt-000e-0000ss.json / .weights.h5 (its state has "steps_done": s).
 A position (e, s) orders checkpoints; (e, 0) is the end of epoch e.
 
-The JSON file is written first and each file appears under its final name
-only once complete (`storage.write_atomically`), so a weights file always
-has its state next to it and a kill at any moment leaves the previous
-checkpoint intact. After a save, checkpoints older than the previous one are
-removed. Paths go through `tf.io.gfile`, so the directory may be a bucket.
+Each file appears under its final name only once complete
+(`storage.write_atomically`), the weights first: the state file commits the
+checkpoint. A kill between the two leaves a weights file without its state,
+an unfinished save, which a resume passes over (saying so) to the previous
+checkpoint, and the next save at that position replaces. A kill at any
+moment leaves the previous checkpoint intact. After a save, checkpoints
+older than the previous one are removed, unfinished ones with them. Paths
+go through `tf.io.gfile`, so the directory may be a bucket.
 """
 
 import os
@@ -47,22 +50,30 @@ def _paths(directory, epoch, step=0):
     return stem(directory, epoch, step) + ".json", stem(directory, epoch, step) + ".weights.h5"
 
 
-def saved(directory):
-    """Positions (epoch, step) of the checkpoints in `directory`, ascending."""
+def _found(directory, pattern):
+    """The set of positions whose file name in `directory` matches `pattern`."""
     if not tf.io.gfile.isdir(directory):
-        return []
-    found = (_NAME.match(name) for name in tf.io.gfile.listdir(directory))
-    return sorted((int(m.group(1)), int(m.group(2) or 0)) for m in found if m)
+        return set()
+    found = (pattern.match(name) for name in tf.io.gfile.listdir(directory))
+    return {(int(m.group(1)), int(m.group(2) or 0)) for m in found if m}
+
+
+def saved(directory):
+    """Positions (epoch, step) of the complete checkpoints in `directory`
+    (state and weights files), ascending."""
+    return sorted(_found(directory, _STATE_NAME) & _found(directory, _NAME))
+
+
+def unfinished(directory):
+    """Positions of weights files without their state (a save killed before
+    its state was written), ascending."""
+    return sorted(_found(directory, _NAME) - _found(directory, _STATE_NAME))
 
 
 def _positions(directory):
-    """Positions of `saved` and of state files whose weights file is gone
-    (deleted: `problem` says so), ascending."""
-    if not tf.io.gfile.isdir(directory):
-        return []
-    found = (_STATE_NAME.match(name) for name in tf.io.gfile.listdir(directory))
-    states = {(int(m.group(1)), int(m.group(2) or 0)) for m in found if m}
-    return sorted(states | set(saved(directory)))
+    """Positions of the state files, whose checkpoints were committed (and
+    whose weights file may since be gone: `problem` says so), ascending."""
+    return sorted(_found(directory, _STATE_NAME))
 
 
 def epochs_saved(directory):
@@ -88,7 +99,10 @@ def save(model, directory, epoch, state, strategy=None, step=0):
         except storage.StorageError:
             tf.io.gfile.remove(weights_path)
             raise
-        for old in saved(directory)[:-KEEP]:
+        kept = saved(directory)[-KEEP:]
+        for old in sorted(_found(directory, _NAME) | _found(directory, _STATE_NAME)):
+            if old >= kept[0]:
+                break
             for path in _paths(directory, *old):
                 if tf.io.gfile.exists(path):
                     tf.io.gfile.remove(path)
@@ -144,7 +158,15 @@ def restore(model, directory):
     """Loads the latest usable checkpoint into `model` (whose optimizer is
     built here) and returns its state dict, or None if there is none. A
     checkpoint that fails `problem` is reported on stderr and the previous
-    one is tried; CheckpointError if none is usable."""
+    one is tried; CheckpointError if none is usable. Unfinished saves are
+    passed over with a note."""
+    for epoch, step in unfinished(directory):
+        print(
+            f"note: {stem(directory, epoch, step)}.weights.h5 has no state file (its save "
+            "did not finish); passed over",
+            file=sys.stderr,
+            flush=True,
+        )
     problems = []
     for epoch, step in reversed(_positions(directory)):
         found = problem(directory, epoch, step)
