@@ -443,11 +443,12 @@ def pytest_runtest_call(item):
     return (yield from _guarded(item))
 
 
-@pytest.fixture
+@pytest.fixture(autouse=True)
 def compat_left_as_found():
     """Removes the keras_lars.compat workarounds a test installed (e.g.
-    through keras_lars.make_strategy("mirrored")): left installed, they
-    change later tests (the XLA train-step tests fail after them)."""
+    through keras_lars.make_strategy("mirrored")), so that no test runs on
+    patches an earlier one left: a test's outcome must not depend on the
+    order (one did: iterations_after_data broke jit-compiled steps)."""
     before = compat.applied()
     yield
     compat.unapply([name for name in compat.applied() if name not in before])

@@ -124,9 +124,7 @@ def test_a_phase_batch_beyond_the_training_set_is_refused():
         run_length(config, 640)
 
 
-def test_a_phase_batch_that_does_not_divide_among_replicas_is_refused(
-    monkeypatch, tmp_path, compat_left_as_found
-):
+def test_a_phase_batch_that_does_not_divide_among_replicas_is_refused(monkeypatch, tmp_path):
     monkeypatch.setattr(
         train_runtime,
         "make_strategy",

@@ -300,6 +300,33 @@ def test_iterations_count_the_steps_run_at_the_end_of_unknown_cardinality(
         np.testing.assert_array_equal(a, b)
 
 
+def test_a_jit_compiled_fit_with_every_workaround_equals_graph_mode(restore_compat):
+    # iterations_after_data's control dependency on the batch once reached the
+    # optimizer's slots, which Keras creates in the first trace: XLA refused.
+    # (One device: XLA cannot run a step over MirroredStrategy's logical CPUs,
+    # "Trying to access resource ... located in device CPU:1 from CPU:0".)
+    def fit(jit_compile):
+        rng = np.random.default_rng(0)
+        x = rng.normal(size=(32, 5)).astype("float32")
+        y = (x[:, 0] > 0).astype("int32")
+        model = keras.Sequential([keras.Input((5,)), keras.layers.Dense(2)])
+        model.set_weights(
+            [np.linspace(-1, 1, 10, dtype="float32").reshape(5, 2), np.zeros(2, "float32")]
+        )
+        model.compile(
+            optimizer=keras_lars.LARS(0.5, momentum=0.9, trust_coefficient=0.01),
+            loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+            jit_compile=jit_compile,
+        )
+        model.fit(x, y, batch_size=8, epochs=2, shuffle=False, verbose=0)
+        assert int(model.optimizer.iterations.numpy()) == 8
+        return model.get_weights()
+
+    assert "iterations_after_data" in compat.applied()
+    for a, b in zip(fit(jit_compile=True), fit(jit_compile=False)):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+
+
 def test_the_workarounds_are_undone_exactly():
     from keras.src.backend.tensorflow import nn
     from keras.src.backend.tensorflow.trainer import TensorFlowTrainer

@@ -571,7 +571,7 @@ def test_sgd_is_momentum_sgd_with_coupled_weight_decay():
     )
 
 
-def test_global_batch_must_divide_between_replicas(monkeypatch, tmp_path, compat_left_as_found):
+def test_global_batch_must_divide_between_replicas(monkeypatch, tmp_path):
     monkeypatch.setattr(
         train_runtime,
         "make_strategy",

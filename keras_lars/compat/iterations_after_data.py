@@ -30,6 +30,14 @@ def install():
 
     trainer_class = trainer_module().TensorFlowTrainer
 
+    def free_of_data(next_creator, **kwargs):
+        # A variable that the first trace creates (Keras builds the optimizer
+        # there: its slots) must not depend on the batch, or tf.function
+        # cannot lift it out of the step, and a jit-compiled step fails ("We
+        # failed to lift variable creations"; Keras 3.8.0 and 3.15.1).
+        with tf.control_dependencies(None):
+            return next_creator(**kwargs)
+
     def make_train_function(self, force=False):
         if self.train_function is not None and not force:
             return self.train_function
@@ -37,7 +45,7 @@ def install():
 
         def step_after_data(data):
             tensors = [t for t in tf.nest.flatten(data, expand_composites=True) if tf.is_tensor(t)]
-            with tf.control_dependencies(tensors):
+            with tf.control_dependencies(tensors), tf.variable_creator_scope(free_of_data):
                 return train_step(data)
 
         self.train_function = self._make_function(step_after_data)
