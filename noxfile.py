@@ -57,8 +57,6 @@ COLUMNS = [
     "jax_failed",
 ]
 VERSIONS_PAGE = os.path.join("docs", "versions.md")
-# As README's test command: two processes, a module in one (pytest-xdist).
-IN_TWO_PROCESSES = ["-n", "2", "--dist", "loadfile"]
 # The wheel session's run: the quick start's job cut to 2 epochs (warmup 1).
 SHORTENED = ["--train_epochs=2", "--warmup_epochs=1"]
 TABLE_START, TABLE_END = "<!-- matrix: nox -s matrix_table -->", "<!-- /matrix -->"
@@ -120,9 +118,7 @@ def _suite(session, tensorflow, keras, pytest_args, scope):
     report = os.path.join(session.create_tmp(), "junit.xml")
     started = time.time()
     try:
-        session.run(
-            "python", "-m", "pytest", "-q", *IN_TWO_PROCESSES, f"--junitxml={report}", *pytest_args
-        )
+        session.run("python", "-m", "pytest", "-q", f"--junitxml={report}", *pytest_args)
     finally:
         _record(versions, report, time.time() - started, scope)
 

@@ -1083,8 +1083,11 @@ def test_an_error_line_is_what_failed_not_tensorflows_headers():
 def test_a_lost_worker_is_one_line_naming_the_checkpoint_to_resume_from(tmp_path):
     directory = tmp_path / "checkpoints"
     directory.mkdir()
-    for name in ("ckpt-0000-000004.weights.h5", "ckpt-0000-000008.weights.h5", "other.txt"):
-        (directory / name).write_text("")
+    for name in ("ckpt-0000-000004", "ckpt-0000-000008"):
+        for suffix in (".json", ".weights.h5"):
+            (directory / (name + suffix)).write_text("")
+    (directory / "other.txt").write_text("")
+    (directory / "ckpt-0000-000012.weights.h5").write_text("")  # unfinished: no state
     lost = tf.errors.UnavailableError(None, None, "Collective ops is aborted by: reset by peer")
     try:  # as a checkpoint's write fails: a StorageError raised while handling it
         try:
