@@ -99,9 +99,9 @@ def save(model, directory, epoch, state, strategy=None, step=0):
         except storage.StorageError:
             tf.io.gfile.remove(weights_path)
             raise
-        kept = saved(directory)[-KEEP:]
+        oldest_kept = (saved(directory)[-KEEP:] or [(epoch, step)])[0]
         for old in sorted(_found(directory, _NAME) | _found(directory, _STATE_NAME)):
-            if old >= kept[0]:
+            if old >= oldest_kept:
                 break
             for path in _paths(directory, *old):
                 if tf.io.gfile.exists(path):
