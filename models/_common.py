@@ -66,12 +66,14 @@ def batch_norm(name, sync_batch_norm=False, zero_gamma=False):
 def classifier(x, num_classes, float32_logits, name="fc"):
     """The final Dense layer, w ~ N(0, 0.01^2), b = 0; returns logits.
 
-    With `float32_logits` the layer computes in float32 whatever the global
-    mixed-precision policy, so that softmax and loss stay in float32.
+    With `float32_logits` the layer computes in float32 or wider whatever
+    the global mixed-precision policy, so that softmax and loss stay in
+    float32 (float64 under a float64 policy).
     """
+    wide = keras.config.dtype_policy().compute_dtype == "float64"
     return keras.layers.Dense(
         num_classes,
         kernel_initializer=keras.initializers.RandomNormal(stddev=0.01),
-        dtype="float32" if float32_logits else None,
+        dtype="float32" if float32_logits and not wide else None,
         name=name,
     )(x)

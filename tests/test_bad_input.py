@@ -112,6 +112,19 @@ def test_an_end_rate_above_the_peak_rate_is_refused_naming_both(tmp_path):
     assert train.Config(end_learning_rate=0.05, lr_scaling="none", **settings)
 
 
+@pytest.mark.parametrize(
+    "settings", [dict(backend="tensorflow"), dict(backend="jax", distribution="model_parallel")]
+)
+def test_float64_is_refused_off_jax_and_with_model_parallel(tmp_path, settings):
+    with pytest.raises(train.ConfigError) as raised:
+        train.Config(precision="float64", model_dir=str(tmp_path), **settings)
+    line = str(raised.value)
+    assert line.startswith("--precision=float64: float64 runs on --backend=jax only, and not ")
+    assert "--distribution=model_parallel" in line and "\n" not in line
+    config = train.Config(precision="float64", backend="jax", model_dir=str(tmp_path))
+    assert config.distribution == "none"
+
+
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
 def test_a_non_finite_gradient_entry_stays_in_its_place_as_in_float32(dtype):
     inf, nan = np.inf, np.nan

@@ -33,7 +33,12 @@ OPTIMIZERS = ("lars", "lamb", "sgd", "nesterov")
 STRATEGIES = ("default", "mirrored", "multi_worker", "tpu")
 BACKENDS = ("tensorflow", "jax")
 DISTRIBUTIONS = ("none", "data_parallel", "model_parallel")
-PRECISIONS = {"float32": "float32", "bfloat16": "mixed_bfloat16", "float16": "mixed_float16"}
+PRECISIONS = {
+    "float32": "float32",
+    "float64": "float64",
+    "bfloat16": "mixed_bfloat16",
+    "float16": "mixed_float16",
+}
 RECIPES = ("none", "mlperf")
 SCALING_RULES = ("linear", "sqrt", "none")
 REFERENCE_BATCH = 256
@@ -198,8 +203,17 @@ class Config:
     precision: str = setting(
         "float32",
         "bfloat16 / float16: Keras mixed precision (float16 adds loss "
-        "scaling); variables and logits stay float32.",
+        "scaling); variables and logits stay float32. float64: everything in "
+        "float64 but the optimizers' norms (float32), where summation order "
+        "cannot flip a ReLU: for checking a distribution against one device.",
         choices=PRECISIONS,
+        check=_needs(
+            lambda value, c: (
+                value != "float64" or (c.backend == "jax" and c.distribution != "model_parallel")
+            ),
+            "float64 runs on --backend=jax only, and not with --distribution=model_parallel "
+            "(there its sharded variables start from other initial values than on one device)",
+        ),
     )
     strategy: str = setting(
         "default",

@@ -49,6 +49,8 @@ class JaxRuntime:
         self.config, self.strategy = config, None
         self.flag = f"--distribution={config.distribution}"
         self.single_process = config.num_processes == 1
+        if config.precision == "float64":  # before any array of the run
+            jax.config.update("jax_enable_x64", True)
 
     def start(self, preemption):
         """Checks that this Keras runs --distribution as one device would, meets
