@@ -59,6 +59,9 @@ COLUMNS = [
 VERSIONS_PAGE = os.path.join("docs", "versions.md")
 # The wheel session's run: the quick start's job cut to 2 epochs (warmup 1).
 SHORTENED = ["--train_epochs=2", "--warmup_epochs=1"]
+# As README's test command: 2 processes, the several-process tests in one
+# (tests/conftest.py's SEVERAL_PROCESSES).
+IN_TWO_PROCESSES = ["-q", "-n", "2", "--dist", "loadgroup"]
 TABLE_START, TABLE_END = "<!-- matrix: nox -s matrix_table -->", "<!-- /matrix -->"
 
 
@@ -118,7 +121,9 @@ def _suite(session, tensorflow, keras, pytest_args, scope):
     report = os.path.join(session.create_tmp(), "junit.xml")
     started = time.time()
     try:
-        session.run("python", "-m", "pytest", "-q", f"--junitxml={report}", *pytest_args)
+        session.run(
+            "python", "-m", "pytest", *IN_TWO_PROCESSES, f"--junitxml={report}", *pytest_args
+        )
     finally:
         _record(versions, report, time.time() - started, scope)
 

@@ -286,9 +286,31 @@ NEWEST_ONLY_IN_CI = {
 }
 
 
-@pytest.hookimpl(tryfirst=True)  # before -m deselects
+# With `-n 2 --dist loadgroup` (README's test command, noxfile's suite sessions)
+# each module is one unit of work, as with loadfile, but for the tests that run
+# several TensorFlow/JAX processes at once: these modules, and the tests marked
+# `multiworker` elsewhere, form one unit, "several_processes", so that two of
+# them never run side by side. Side by side on 2 cores, 4 to 6 processes passed
+# their per-child limits (CI, 2026-12-02: the bfloat16 and elastic-resume runs).
+SEVERAL_PROCESSES = {
+    "test_train_jax.py",
+    "test_elastic_resume.py",
+    "test_launchers.py",
+    "test_distribute.py",
+}
+
+
+def _work_unit(item):
+    """The xdist group of `item` (see SEVERAL_PROCESSES)."""
+    module = os.path.basename(str(item.fspath))
+    several = module in SEVERAL_PROCESSES or item.get_closest_marker("multiworker")
+    return "several_processes" if several else module
+
+
+@pytest.hookimpl(tryfirst=True)  # before -m deselects, and before xdist reads the groups
 def pytest_collection_modifyitems(config, items):
     for item in items:
+        item.add_marker(pytest.mark.xdist_group(_work_unit(item)))
         independent = VERSION_INDEPENDENT.get(os.path.basename(str(item.fspath)))
         if independent:
             item.add_marker(pytest.mark.version_independent)

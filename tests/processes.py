@@ -1,5 +1,11 @@
 """Real processes the tests start: waiting for them without leaving any behind."""
 
+# Seconds a test waits for one child process (a tool run, a worker): a guard
+# against hangs, never a speed gate. CI's machine ran the suite 2.1x slower
+# than ours on 2026-12-02 (4,142 s against 1,982 s), and 300 s failed
+# two-worker runs there that take 130-180 s here.
+CHILD_TIMEOUT = 900
+
 
 def finish(processes, timeout):
     """[(return code, stdout, stderr)] of each of `processes` (Popen), in

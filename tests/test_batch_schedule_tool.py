@@ -330,6 +330,7 @@ TWO_LAYOUTS = [
 ]
 
 
+@pytest.mark.multiworker
 def test_two_workers_with_a_batch_change_equal_one_process(tmp_path):
     runs = {2: tmp_path / "two_workers", 1: tmp_path / "one_process"}
     elastic._train(TWO_LAYOUTS, runs)

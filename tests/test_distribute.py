@@ -27,9 +27,10 @@ from keras_lars import distribute
 from keras_lars import rendezvous
 from keras_lars.tools.benchmark_allreduce import free_ports
 from tests import multiworker_worker as worker
+from tests.processes import CHILD_TIMEOUT
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-WORKER_TIMEOUT = 240  # seconds; a hung collective fails the test instead of CI
+WORKER_TIMEOUT = CHILD_TIMEOUT
 
 
 @pytest.fixture

@@ -34,12 +34,13 @@ from keras_lars.tools.train import cluster
 from keras_lars.tools.train.config import Config
 from tests import test_train_jax as jax_tests
 from tests.conftest import requires_jax
+from tests.processes import CHILD_TIMEOUT
 from tests.processes import finish as processes_finish
 from tests.test_train import ROOT
 from tests.test_train import h5_arrays
 from tests.test_train import tool_command
 
-TIMEOUT = 300
+TIMEOUT = CHILD_TIMEOUT
 # One LARS step of ResNet-18 on 64 digits at 16x16, batch norm over the
 # global batch (what 2 workers must do to match one process).
 ONE_STEP = (

@@ -9,9 +9,10 @@ import time
 
 from keras_lars.tools import checkpoints
 from keras_lars.tools import train
+from tests.processes import CHILD_TIMEOUT
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-TIMEOUT = 300  # seconds per child process; a hang fails the test
+TIMEOUT = CHILD_TIMEOUT
 
 # ResNet-18 on 16x16 digits: 22 steps an epoch, a checkpoint every 2.
 SMALL = [

@@ -41,10 +41,11 @@ from keras_lars.tools.train import build as train_build
 from keras_lars.tools.train import model_dir as train_model_dir
 from keras_lars.tools.train import runtime as train_runtime
 from tests import train_data
+from tests.processes import CHILD_TIMEOUT
 from tests.processes import finish as processes_finish
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-TIMEOUT = 300  # seconds per child process; a hang fails the test
+TIMEOUT = CHILD_TIMEOUT
 
 
 # --- helpers ---------------------------------------------------------------------

@@ -27,6 +27,7 @@ from keras_lars.tools import train
 from keras_lars.tools.benchmark_allreduce import free_ports
 from keras_lars.tools.settings import ConfigError
 from tests.conftest import requires_jax
+from tests.processes import CHILD_TIMEOUT
 from tests.test_train import ROOT
 from tests.test_train import assert_same_weights
 from tests.test_train import example
@@ -37,7 +38,7 @@ from tests.test_train import write_records
 
 # The tests that start the tool get `subprocess` and `slow` from tests/conftest.py.
 pytestmark = [requires_jax]
-TIMEOUT = 400
+TIMEOUT = CHILD_TIMEOUT
 # 64 digits at 16x16 a step (22 steps make an epoch), a checkpoint every 4 steps.
 SHORT = (
     "--image_size=16",
