@@ -29,6 +29,7 @@ import subprocess
 import numpy as np
 import pytest
 
+from keras_lars.tools.benchmark_allreduce import free_ports
 from keras_lars.tools.settings import ConfigError
 from keras_lars.tools.train import cluster
 from keras_lars.tools.train.config import Config
@@ -151,7 +152,10 @@ def tf_runs(tmp_path_factory):
     ]
     runs["one"] = (str(root / "one"), finish([one]))
     runs["slurm"] = (str(root / "s"), finish(slurm), job)
-    ports = [port for port in range(20000, 30000) if _bindable(port)][:2]
+    # Ports the system picks, as every other cluster of the suite: a scan from a
+    # fixed port once found both taken by the time the tasks bound them (oldest
+    # pair, 2026-12-02, with another module's processes beside it).
+    ports = free_ports(2)
     spec = {"chief": [f"localhost:{ports[0]}"], "worker": [f"localhost:{ports[1]}"]}
     chief = []
     for task, given in ((("chief", 0), "--cluster=auto"), (("worker", 0), "--cluster=tf_config")):

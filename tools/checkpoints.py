@@ -50,30 +50,35 @@ def _paths(directory, epoch, step=0):
     return stem(directory, epoch, step) + ".json", stem(directory, epoch, step) + ".weights.h5"
 
 
-def _found(directory, pattern):
-    """The set of positions whose file name in `directory` matches `pattern`."""
-    if not tf.io.gfile.isdir(directory):
-        return set()
-    found = (pattern.match(name) for name in tf.io.gfile.listdir(directory))
-    return {(int(m.group(1)), int(m.group(2) or 0)) for m in found if m}
+def _files(directory):
+    """(state positions, weights positions) in `directory`, from one listing."""
+    names = tf.io.gfile.listdir(directory) if tf.io.gfile.isdir(directory) else []
+
+    def found(pattern):
+        matches = (pattern.match(name) for name in names)
+        return {(int(m.group(1)), int(m.group(2) or 0)) for m in matches if m}
+
+    return found(_STATE_NAME), found(_NAME)
 
 
 def saved(directory):
     """Positions (epoch, step) of the complete checkpoints in `directory`
     (state and weights files), ascending."""
-    return sorted(_found(directory, _STATE_NAME) & _found(directory, _NAME))
+    states, weights = _files(directory)
+    return sorted(states & weights)
 
 
 def unfinished(directory):
     """Positions of weights files without their state (a save killed before
     its state was written), ascending."""
-    return sorted(_found(directory, _NAME) - _found(directory, _STATE_NAME))
+    states, weights = _files(directory)
+    return sorted(weights - states)
 
 
 def _positions(directory):
     """Positions of the state files, whose checkpoints were committed (and
     whose weights file may since be gone: `problem` says so), ascending."""
-    return sorted(_found(directory, _STATE_NAME))
+    return sorted(_files(directory)[0])
 
 
 def epochs_saved(directory):
@@ -99,8 +104,9 @@ def save(model, directory, epoch, state, strategy=None, step=0):
         except storage.StorageError:
             tf.io.gfile.remove(weights_path)
             raise
-        oldest_kept = (saved(directory)[-KEEP:] or [(epoch, step)])[0]
-        for old in sorted(_found(directory, _NAME) | _found(directory, _STATE_NAME)):
+        states, weights = _files(directory)
+        oldest_kept = (sorted(states & weights)[-KEEP:] or [(epoch, step)])[0]
+        for old in sorted(states | weights):
             if old >= oldest_kept:
                 break
             for path in _paths(directory, *old):
