@@ -288,22 +288,26 @@ NEWEST_ONLY_IN_CI = {
 
 # With `-n 2 --dist loadgroup` (README's test command, noxfile's suite sessions)
 # each module is one unit of work, as with loadfile, but for the tests that run
-# several TensorFlow/JAX processes at once: these modules, and the tests marked
-# `multiworker` elsewhere, form one unit, "several_processes", so that two of
-# them never run side by side. Side by side on 2 cores, 4 to 6 processes passed
-# their per-child limits (CI, 2026-12-02: the bfloat16 and elastic-resume runs).
+# several TensorFlow/JAX processes at once: the tests marked `multiworker`, and
+# those of SEVERAL_PROCESSES (every test of a module named with None, else the
+# tests that use one of the fixtures named), form one unit, "several_processes",
+# so that two of them never run side by side. Side by side on 2 cores, 4 to 6
+# processes passed their per-child limits (CI, 2026-12-02: the bfloat16 and
+# elastic-resume runs). That unit is the critical path of both CI stages.
 SEVERAL_PROCESSES = {
-    "test_train_jax.py",
-    "test_elastic_resume.py",
-    "test_launchers.py",
-    "test_distribute.py",
+    "test_train_jax.py": {"runs"},  # 2-process runs, two at a time
+    "test_elastic_resume.py": None,
+    "test_launchers.py": None,
 }
 
 
 def _work_unit(item):
     """The xdist group of `item` (see SEVERAL_PROCESSES)."""
     module = os.path.basename(str(item.fspath))
-    several = module in SEVERAL_PROCESSES or item.get_closest_marker("multiworker")
+    several = item.get_closest_marker("multiworker") is not None
+    if module in SEVERAL_PROCESSES:
+        fixtures = SEVERAL_PROCESSES[module]
+        several = several or fixtures is None or bool(fixtures & set(item.fixturenames))
     return "several_processes" if several else module
 
 
