@@ -1,6 +1,7 @@
 """tests/conftest.py's test tiers: what collection marks slow, and the guard
 that fails a test not marked slow which starts a process or trains a run."""
 
+import importlib
 import os
 
 import keras
@@ -162,3 +163,29 @@ def test_newest_only_in_ci_names_collected_tests_outside_the_kept_paths(request)
             assert not item.get_closest_marker("multiworker"), name
     names = {name.split("::")[1] for name in conftest.NEWEST_ONLY_IN_CI}
     assert not {n for n in names if any(w in n for w in ("sigterm", "kill", "worker", "jax"))}
+
+
+class _UnitItem:
+    """What conftest._work_unit reads of a test item."""
+
+    def __init__(self, module, fixturenames=(), multiworker=False):
+        self.fspath, self.fixturenames = os.path.join(conftest.TESTS, module), list(fixturenames)
+        self.multiworker = multiworker
+
+    def get_closest_marker(self, name):
+        return object() if name == "multiworker" and self.multiworker else None
+
+
+def test_the_tests_that_run_several_processes_share_one_work_unit():
+    several = "several_processes"
+    assert conftest._work_unit(_UnitItem("test_train.py", multiworker=True)) == several
+    assert conftest._work_unit(_UnitItem("test_train.py", ["tmp_path"])) == "test_train.py"
+    assert conftest._work_unit(_UnitItem("test_launchers.py")) == several
+    assert conftest._work_unit(_UnitItem("test_train_jax.py", ["runs", "tmp_path"])) == several
+    assert conftest._work_unit(_UnitItem("test_train_jax.py", ["tmp_path"])) == "test_train_jax.py"
+    # Each fixture named there exists in its module (a rename would let its
+    # runs leave the unit).
+    for module, fixtures in conftest.SEVERAL_PROCESSES.items():
+        tests = importlib.import_module(f"tests.{module.removesuffix('.py')}")
+        for name in fixtures or ():
+            assert callable(getattr(tests, name, None)), (module, name)
