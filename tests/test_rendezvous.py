@@ -402,7 +402,8 @@ def test_a_chief_of_another_cluster_is_not_joined(monkeypatch):
 
 
 # --- the tool: TensorFlow's start, bounded -------------------------------------------
-def _tool_worker(ports, index, *flags):
+def _tool_worker(ports, index, *flags, **options):
+    """The tool as worker `index` of `ports` (options: more of Popen's arguments)."""
     env = dict(
         os.environ,
         TF_CPP_MIN_LOG_LEVEL="2",
@@ -422,6 +423,7 @@ def _tool_worker(ports, index, *flags):
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
+        **options,
     )
 
 
@@ -457,21 +459,32 @@ def _peer_that_never_starts_tensorflow(monkeypatch, ports, model_dir):
     return keras_lars.distribute.wait_for_workers(TIMEOUT, settings=shared_settings(config))
 
 
-@pytest.mark.parametrize("stop", [None, signal.SIGINT])
+# How each stop reaches the tool: SIGINT to it (as its handler reports it),
+# SIGTERM to its process group (as SLURM, systemd or `kill -TERM -PGID` send
+# it; TensorFlow's preemption notifier holds the tool's own SIGTERM).
+STOPS = {"SIGINT": os.kill, "SIGTERM": os.killpg}
+
+
+@pytest.mark.parametrize("stop", [None, "SIGINT", "SIGTERM"])
 def test_tensorflows_start_is_bounded_and_stoppable(stop, monkeypatch, tmp_path):
     """Before, the tool hung in TensorFlow's start past
-    --worker_start_timeout_minutes, deaf to signals."""
+    --worker_start_timeout_minutes, deaf to signals; then deaf to SIGTERM."""
     ports, model_dir = free_ports(2), tmp_path / "run"
     worker = _tool_worker(
-        ports, 0, f"--model_dir={model_dir}", "--worker_start_timeout_minutes=0.2"
+        ports,
+        0,
+        f"--model_dir={model_dir}",
+        f"--worker_start_timeout_minutes={0.2 if stop is None else 5}",
+        start_new_session=True,  # its own process group
     )
     try:
         assert _peer_that_never_starts_tensorflow(monkeypatch, ports, model_dir) == 1
         if stop:
-            line = "TensorFlow starts the workers (at most 12 s)\n"
+            line = "TensorFlow starts the workers (at most 300 s)\n"
             while worker.stdout.readline() not in (line, ""):  # its start began
                 pass
-            worker.send_signal(stop)
+            time.sleep(2)  # well inside TensorFlow's start, its notifier listening
+            STOPS[stop](worker.pid, getattr(signal, stop))
         status, errors = _finish(worker)
     finally:
         if worker.poll() is None:
@@ -480,7 +493,7 @@ def test_tensorflows_start_is_bounded_and_stoppable(stop, monkeypatch, tmp_path)
     assert status == -signal.SIGKILL, errors[-3000:]
     if stop:
         assert last == (
-            "preempted: stopped by SIGINT while TensorFlow started the workers; nothing was "
+            f"preempted: stopped by {stop} while TensorFlow started the workers; nothing was "
             "trained; run the same command to start"
         ), errors[-3000:]
     else:
@@ -492,10 +505,11 @@ def test_tensorflows_start_is_bounded_and_stoppable(stop, monkeypatch, tmp_path)
     assert not (model_dir / "checkpoints").exists()
 
 
-def test_jax_distributeds_start_is_bounded(tmp_path):
+@pytest.mark.parametrize("stop", [None, "SIGTERM"])
+def test_jax_distributeds_start_is_bounded(stop, tmp_path):
     """Before, process 0 aborted in jax.distributed.initialize at its own
     deadline (exit 134, a C++ fatal log) when its peer met it, then never
-    started."""
+    started; then it was deaf to SIGTERM there."""
     pytest.importorskip("jax")
     (port,) = free_ports(1)
     flags = {
@@ -508,23 +522,35 @@ def test_jax_distributeds_start_is_bounded(tmp_path):
     command = [sys.executable, "-m", "keras_lars.tools.train", "--process_id=0"]
     command += [f"--{name}={value}" for name, value in flags.items()]
     process = subprocess.Popen(
-        [*command, "--worker_start_timeout_minutes=0.2"],
+        [*command, f"--worker_start_timeout_minutes={0.2 if stop is None else 5}"],
         cwd=ROOT,
         env=dict(os.environ, KERAS_BACKEND="jax", JAX_PLATFORMS="cpu", TF_CPP_MIN_LOG_LEVEL="2"),
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
+        start_new_session=True,  # its own process group
     )
     try:
         settings = shared_settings(Config(process_id=1, **flags))
         assert _meet(("process", 1), _processes(2, port), port, settings=settings) == 1
+        if stop:
+            line = "jax.distributed starts the processes (at most 300 s)\n"
+            while process.stdout.readline() not in (line, ""):  # its start began
+                pass
+            time.sleep(2)  # inside jax.distributed.initialize
+            STOPS[stop](process.pid, getattr(signal, stop))
         status, errors = _finish(process)
     finally:
         if process.poll() is None:
             process.kill()
-    assert status == -signal.SIGKILL, errors[-3000:]
+    # jax.distributed leaves SIGTERM's default action in place while it starts.
+    ends = (-signal.SIGKILL, -signal.SIGTERM) if stop else (-signal.SIGKILL,)
+    assert status in ends, errors[-3000:]
     assert errors.strip().splitlines()[-1] == (
-        "error: --worker_start_timeout_minutes=0.2: jax.distributed's start of the processes "
-        "did not finish within 12 s (a process stopped after meeting the others, or another "
-        "program took its port?); nothing was trained"
+        f"preempted: stopped by {stop} while jax.distributed started the processes; nothing "
+        "was trained; run the same command to start"
+        if stop
+        else "error: --worker_start_timeout_minutes=0.2: jax.distributed's start of the "
+        "processes did not finish within 12 s (a process stopped after meeting the others, or "
+        "another program took its port?); nothing was trained"
     ), errors[-3000:]

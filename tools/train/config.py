@@ -404,7 +404,7 @@ class Config:
         "--strategy=multi_worker (and JAX's processes): how long to wait for the other tasks "
         "to start (a 'waiting for' line every 30 s; SIGTERM/Ctrl-C stop the wait), and then "
         "for TensorFlow's or jax.distributed's own start of them (past it, one line and the "
-        "tool ends; SIGINT/SIGHUP end that start at once).",
+        "tool ends; SIGINT/SIGHUP, or SIGTERM to the process group, end that start at once).",
         check=greater_than(0),
         resumable=True,
         per_process=True,

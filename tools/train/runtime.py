@@ -134,23 +134,30 @@ def shared_settings(config):
 
 
 # Python code cannot run while TensorFlow's start holds the interpreter lock,
-# nor see SIGTERM there (TensorFlow's preemption notifier takes it): a watchdog
-# process bounds the start. It reads the signal numbers Python's own handler
-# writes to its wakeup file descriptor (no lock needed), and on SIGINT or
-# SIGHUP, or at the deadline, prints the line and kills the tool. It ignores
-# the signals itself (a Ctrl-C reaches the whole process group).
+# nor see SIGTERM there (TensorFlow's preemption notifier takes it, for every
+# thread: the tool's own cannot all block it): a watchdog process bounds the
+# start. It reads the signal numbers Python's own handler writes to its wakeup
+# file descriptor (no lock needed), and on SIGINT or SIGHUP to the tool, on a
+# SIGTERM to the watchdog itself (one sent to the process group, as SLURM,
+# systemd or `kill -TERM -PGID` send it), or at the deadline, prints the line
+# and kills the tool. It ignores SIGINT and SIGHUP itself (a Ctrl-C reaches
+# the whole process group: the tool's handler reports it).
 _WATCHDOG = """
 import os, select, signal, sys, time
 tool, seconds, on_signal, on_timeout = int(sys.argv[1]), float(sys.argv[2]), *sys.argv[3:]
-for number in (signal.SIGINT, signal.SIGHUP, signal.SIGTERM):  # sent to the process group
+for number in (signal.SIGINT, signal.SIGHUP):  # sent to the process group
     signal.signal(number, signal.SIG_IGN)
+own, ours = os.pipe()
+os.set_blocking(ours, False)
+signal.set_wakeup_fd(ours)
+signal.signal(signal.SIGTERM, lambda *_: None)  # the number comes through `own`
 deadline = time.monotonic() + seconds
 while True:
-    ready = select.select([0], [], [], max(deadline - time.monotonic(), 0))[0]
-    received = os.read(0, 64) if ready else b""
+    ready = select.select([0, own], [], [], max(deadline - time.monotonic(), 0))[0]
+    received = os.read(own, 64) if own in ready else os.read(0, 64) if ready else b""
     if ready and not received:  # the start is over (or the tool is gone)
         sys.exit(0)
-    if received and received[0] not in (signal.SIGINT, signal.SIGHUP):
+    if received and received[0] not in (signal.SIGINT, signal.SIGHUP, signal.SIGTERM):
         continue
     line = on_signal.format(signal.Signals(received[0]).name) if received else on_timeout
     os.write(2, line.encode() + b"\\n")
@@ -165,9 +172,10 @@ def bounded_start(config, starter, peers, a_peer):
     """Bounds the block, `starter`'s start of the `peers` (TensorFlow's
     MultiWorkerMirroredStrategy constructor, which waits for every worker
     holding Python's interpreter lock, or jax.distributed.initialize), to
-    --worker_start_timeout_minutes, and ends it on SIGINT or SIGHUP: one line
-    from the watchdog, then SIGKILL; nothing was trained. SIGTERM is left to
-    `starter` (both install a preemption handler for it): the deadline ends it."""
+    --worker_start_timeout_minutes, and ends it on SIGINT or SIGHUP, or on a
+    SIGTERM to the process group: one line from the watchdog, then SIGKILL;
+    nothing was trained. A SIGTERM to the tool's process alone is `starter`'s
+    (both install a preemption handler for it): the deadline ends it."""
     seconds = 60 * config.worker_start_timeout_minutes
     on_signal = (
         f"preempted: stopped by {{}} while {starter} started the {peers}; nothing was "
