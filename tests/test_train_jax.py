@@ -58,7 +58,7 @@ SHORT = (
 # So the distributions are compared after the first step. Data parallel is
 # compared in float64 (FLOAT64_TWO_STEPS), where no ReLU input lies within
 # rounding of 0: one device and 8 measured 1.3e-6 apart after a step (the
-# optimizers' norms stay float32), on every CPU alike; in float32 the flip's
+# optimizers' norms stay float32), on the CPUs measured; in float32 the flip's
 # depth varied with the machine (CI's: slot 39 of 62, 0.13). Model parallel
 # refuses float64 (tools/train/config.py) and is compared in float32.
 TWO_STEPS = (*SHORT[:2], "--train_steps=2", "--warmup_epochs=0.05", "--checkpoint_every_steps=1")

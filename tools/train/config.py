@@ -205,7 +205,8 @@ class Config:
         "bfloat16 / float16: Keras mixed precision (float16 adds loss "
         "scaling); variables and logits stay float32. float64: everything in "
         "float64 but the optimizers' norms (float32), where summation order "
-        "cannot flip a ReLU: for checking a distribution against one device.",
+        "flips a ReLU far more rarely: for checking a distribution against "
+        "one device (docs/jax.md says where float64 still parted).",
         choices=PRECISIONS,
         check=_needs(
             lambda value, c: (
