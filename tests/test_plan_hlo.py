@@ -3,7 +3,7 @@ training tool's compiled JAX step (tools/plan/hlo_bytes.py, hlo.py).
 
 Closed forms written here from the architectures (not from the planner's
 rules' code) check the planner; HLO lines in each of XLA's spellings check
-the reader; the compiled step on 8, 16 and 64 simulated CPU devices checks
+the reader; the compiled step on 8 and 64 simulated CPU devices checks
 both (slow: child processes). Convention: the bytes one device sends in one
 step with ring algorithms (hlo.py's docstring).
 """
@@ -148,16 +148,14 @@ def test_xla_keeps_split_what_a_dense_layer_split_by_inputs_reads():
 # --- against the compiled step --------------------------------------------------------------
 # (model, layout, devices, model axis, image, batch): 224x224, where AlexNet's fc6 and
 # every activation have their published size (data-parallel bytes of ResNet-50 do not
-# depend on it; AlexNet's do, through fc6).
+# depend on it; AlexNet's do, through fc6). The smallest and the largest device count of
+# docs/planning.md's table; its 16-device rows come from the tool's run there (each device
+# count is a child process of its own: the three took 605 s of the suite, 2026-12-03).
 SUITE = (
     ("alexnet", "data_parallel", 8, 1, 224, 256),
     ("alexnet", "model_parallel", 8, 4, 224, 256),
     ("resnet50", "data_parallel", 8, 1, 224, 256),
     ("resnet50", "model_parallel", 8, 2, 224, 256),
-    ("alexnet", "data_parallel", 16, 1, 224, 512),
-    ("alexnet", "model_parallel", 16, 4, 224, 512),
-    ("resnet50", "data_parallel", 16, 1, 224, 512),
-    ("resnet50", "model_parallel", 16, 2, 224, 512),
     ("alexnet", "data_parallel", 64, 1, 224, 2048),
     ("alexnet", "model_parallel", 64, 8, 224, 2048),
     ("resnet50", "data_parallel", 64, 1, 224, 2048),

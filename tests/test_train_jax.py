@@ -68,12 +68,17 @@ FLOAT64_BOUND = 1e-5  # relative, as in largest_difference; measured 1.3e-6
 
 
 def jax_env(devices=8):
+    """A JAX tool process's environment: `devices` simulated CPU devices and
+    the session's compilation cache (tests/conftest.py), every step cached."""
     return dict(
         os.environ,
         KERAS_BACKEND="jax",
         JAX_PLATFORMS="cpu",
         XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}",
         TF_CPP_MIN_LOG_LEVEL="2",
+        JAX_COMPILATION_CACHE_DIR=os.environ["KERAS_LARS_TEST_JAX_CACHE"],
+        JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
+        JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="0",
     )
 
 
