@@ -305,8 +305,8 @@ NEWEST_ONLY_IN_CI = {
     "throughput bookkeeping of a resumed run (Python over the epochs' history); resuming runs "
     "on the oldest pair in test_train's kill and SIGTERM reruns",
     "test_train.py::test_default_run_writes_checkpoints_logs_and_summary": "the quick "
-    "start's 15-epoch job, whose accuracy is the newest pair's claim (the wheel stage "
-    "runs it again); the oldest pair trains the same code in test_train's short runs",
+    "start's job cut to 2 of its 15 epochs (the wheel stage runs it again from the built "
+    "wheel); the oldest pair trains the same code in test_train's short runs",
     "test_train.py::test_bad_input_is_one_line_naming_the_flag_or_file": "two dozen tool "
     "starts whose checks mostly run before TensorFlow trains; TensorFlow's own data "
     "errors are checked on the oldest pair by test_bad_input and test_fashion_mnist",
@@ -323,7 +323,10 @@ NEWEST_ONLY_IN_CI = {
 # tests that use one of the fixtures named), form one unit, "several_processes",
 # so that two of them never run side by side. Side by side on 2 cores, 4 to 6
 # processes passed their per-child limits (CI, 2026-12-02: the bfloat16 and
-# elastic-resume runs). That unit is the critical path of both CI stages.
+# elastic-resume runs). That unit is the critical path of both CI stages, so it
+# goes first: collection puts its tests first, and xdist hands out the units in
+# that order (pytest_configure turns off xdist's reordering of units by their
+# number of tests, which queued it seventh, behind ~10 minutes of modules).
 SEVERAL_PROCESSES = {
     "test_train_jax.py": {"runs"},  # 2-process runs, two at a time
     "test_elastic_resume.py": None,
@@ -341,8 +344,14 @@ def _work_unit(item):
     return "several_processes" if several else module
 
 
+def pytest_configure(config):
+    if getattr(config.option, "loadscopereorder", None):  # xdist's --dist loadgroup/loadscope
+        config.option.loadscopereorder = False  # units in collection order (see above)
+
+
 @pytest.hookimpl(tryfirst=True)  # before -m deselects, and before xdist reads the groups
 def pytest_collection_modifyitems(config, items):
+    items.sort(key=lambda item: _work_unit(item) != "several_processes")  # stable: first
     for item in items:
         item.add_marker(pytest.mark.xdist_group(_work_unit(item)))
         independent = VERSION_INDEPENDENT.get(os.path.basename(str(item.fspath)))

@@ -1,7 +1,9 @@
 """The training tool's batch schedule (--batch_schedule, --batch_coupling):
 refused phases, the run length per phase, a two-phase run whose rates are
 the closed form of EpochWarmupPolyDecay, and a resume across a phase
-boundary that ends bit-equal to an uninterrupted run."""
+boundary that ends bit-equal to an uninterrupted run. (Two workers with a
+batch change against one process: tests/test_elastic_resume.py, whose runs
+carry one.)"""
 
 import json
 import os
@@ -22,7 +24,6 @@ from keras_lars.tools.train import feed
 from keras_lars.tools.train import runtime as train_runtime
 from keras_lars.tools.train.length import PhaseLength
 from keras_lars.tools.train.length import run_length
-from tests import test_elastic_resume as elastic
 from tests import train_data
 from tests.test_train import TIMEOUT
 from tests.test_train import assert_same_weights
@@ -312,36 +313,3 @@ def test_sigterm_inside_the_second_phase_and_the_rerun_ends_as_an_uninterrupted_
         assert {k: a[k] for k in keys} == {k: b[k] for k in keys}
     name = "ckpt-0003.weights.h5"
     assert_same_weights(whole / "checkpoints" / name, stopped / "checkpoints" / name, 20)
-
-
-# --- 2 workers with a batch change equal one process ---------------------------------
-# ResNet-18 on 8x8 digits: 5 steps of 256, then 2 of 512; a constant rate (LARS at 0.1,
-# as tests/test_elastic_resume.py: at 1.0 the trust ratio amplifies rounding) and
-# synchronized batch norm, so that a step does not depend on the split.
-TWO_LAYOUTS = [
-    "--image_size=8",
-    "--batch_schedule=0:256,1:512",
-    "--train_epochs=2",
-    "--warmup_epochs=0",
-    "--base_learning_rate=0.1",
-    "--end_learning_rate=0.1",
-    "--lr_scaling=none",
-    "--sync_batch_norm",
-]
-
-
-@pytest.mark.multiworker
-def test_two_workers_with_a_batch_change_equal_one_process(tmp_path):
-    runs = {2: tmp_path / "two_workers", 1: tmp_path / "one_process"}
-    elastic._train(TWO_LAYOUTS, runs)
-    summaries = {n: json.loads((d / "summary.json").read_text()) for n, d in runs.items()}
-    for summary in summaries.values():
-        assert [(h["steps"], h["global_batch_size"]) for h in summary["history"]] == [
-            (5, 256),
-            (7, 512),
-        ]
-    for two, one in zip(summaries[2]["history"], summaries[1]["history"], strict=True):
-        assert two["val_loss"] == pytest.approx(one["val_loss"], abs=1e-3)
-        assert two["loss"] == pytest.approx(one["loss"], abs=1e-3)
-    two, one = (elastic._weights(d) for d in (runs[2], runs[1]))
-    elastic._assert_close(two, one, elastic.LAYOUTS_ATOL)

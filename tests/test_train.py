@@ -167,8 +167,6 @@ def _console_script(*args):
 
 # The tests' single runs of the tool: name: (arguments, run_tool's options).
 LAUNCHES = {
-    # The default run, shortened to 2 epochs.
-    "default": (["--train_epochs=2"], dict(command=_console_script)),
     "divergence_rollback": (
         [
             "--model=alexnet",
@@ -250,9 +248,13 @@ def short_run(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def finished_run(launches):
-    """The default run, shortened to 2 epochs, finished: (model_dir, process)."""
-    model_dir, process = launches["default"]
+def finished_run(tmp_path_factory):
+    """The default run, shortened to 2 epochs, finished: (model_dir, process).
+    Not one of LAUNCHES: its two tests are newest-only in CI
+    (tests/conftest.py's NEWEST_ONLY_IN_CI), and the others' fixture must
+    not start it on the oldest pair."""
+    model_dir = tmp_path_factory.mktemp("default") / "run"
+    process = run_tool(["--train_epochs=2", f"--model_dir={model_dir}"], command=_console_script)
     assert process.returncode == 0, process.stderr[-3000:]
     return str(model_dir), process
 
@@ -1369,24 +1371,58 @@ def test_a_sigterm_then_a_killed_worker_and_the_reruns_end_as_the_uninterrupted_
     assert_same_weights(whole / "checkpoints" / name, stopped / "checkpoints" / name, 10)
 
 
+# Two workers, 2 LARS steps of ResNet-18 on 64 digits at 8x8, a checkpoint after each.
+FIRST_STEPS = [
+    "--image_size=8",
+    "--global_batch_size=64",
+    "--train_steps=2",
+    "--warmup_epochs=0.05",
+    "--checkpoint_every_steps=1",
+    "--noeval",
+    "--log_every_seconds=0",
+]
+BFLOAT16_ROUNDOFF = 2.0**-8  # bfloat16 keeps 8 significant bits
+
+
 @pytest.mark.multiworker
 @pytest.mark.subprocess
-def test_bfloat16_all_reduce_on_two_workers_trains_like_float32(tmp_path):
-    # Jia et al. 2018: half the bytes on the wire, the same accuracy band.
-    args = ["--image_size=16", "--train_epochs=6", "--warmup_epochs=1"]
+def test_bfloat16_all_reduce_on_two_workers_rounds_only_the_summed_gradients(tmp_path):
+    """Jia et al. 2018: half the bytes on the wire. A float32 and a bfloat16
+    cluster run the same forward and backward pass in their first step; only
+    the all-reduced sum differs, by bfloat16's rounding of each worker's
+    gradient and of the sum. So after that step every trained variable is off
+    by a few roundoffs of a step (measured: at most 4.5e-3 of the next step's
+    size, 2026-12-03), and batch norm's moving statistics, which the forward
+    pass sets, are equal. (Before 2026-12-03 this test trained both clusters 6
+    epochs: 0.964 validation accuracy with bfloat16, 0.983 with float32.)"""
     clusters = {
         dtype: _start_cluster(
-            [*args, f"--allreduce_dtype={dtype}", f"--model_dir={tmp_path / dtype}"]
+            [*FIRST_STEPS, f"--allreduce_dtype={dtype}", f"--model_dir={tmp_path / dtype}"]
         )
         for dtype in ("float32", "bfloat16")
     }
-    accuracy = {}
     for dtype, processes in clusters.items():
         codes, errors = _finish(processes)
         assert codes == [0, 0], "\n".join(e[-3000:] for e in errors)
         summary = json.loads((tmp_path / dtype / "summary.json").read_text())
-        assert summary["config"]["allreduce_dtype"] == dtype
-        accuracy[dtype] = summary["final"]["val_accuracy"]
-    # Measured 0.983 and 0.964 (TF 2.21, 2026-11-30).
-    assert accuracy["float32"] >= 0.95, accuracy
-    assert accuracy["bfloat16"] >= accuracy["float32"] - 0.04, accuracy
+        assert summary["config"]["allreduce_dtype"] == dtype and summary["steps"] == 2
+        assert np.isfinite(summary["final"]["loss"])
+
+    def weights(dtype, name):
+        return h5_arrays(tmp_path / dtype / "checkpoints" / f"{name}.weights.h5")
+
+    first, second = weights("float32", "ckpt-0000-000001"), weights("float32", "ckpt-0001")
+    rounded = weights("bfloat16", "ckpt-0000-000001")
+    trained, statistics = 0, 0
+    for name, value in first.items():
+        if not name.startswith("layers/"):
+            continue
+        off = float(np.abs(rounded[name] - value).max())
+        if "batch_normalization" in name and name.endswith(("vars/2", "vars/3")):
+            assert off == 0, name  # moving mean and variance
+            statistics += 1
+            continue
+        step = float(np.abs(second[name] - value).max())
+        assert 0 < off <= 4 * BFLOAT16_ROUNDOFF * step, (name, off / step)
+        trained += 1
+    assert (trained, statistics) == (62, 40)  # ResNet-18's trained variables, 20 batch norms
