@@ -323,15 +323,38 @@ NEWEST_ONLY_IN_CI = {
 # tests that use one of the fixtures named), form one unit, "several_processes",
 # so that two of them never run side by side. Side by side on 2 cores, 4 to 6
 # processes passed their per-child limits (CI, 2026-12-02: the bfloat16 and
-# elastic-resume runs). That unit is the critical path of both CI stages, so it
-# goes first: collection puts its tests first, and xdist hands out the units in
-# that order (pytest_configure turns off xdist's reordering of units by their
-# number of tests, which queued it seventh, behind ~10 minutes of modules).
+# elastic-resume runs). That unit is the longest of both CI stages, so it goes
+# first, then the modules of LONGEST_MODULES, then the others, so that short
+# units fill in at the end: collection puts the tests in that order, and xdist
+# hands out the units in it (pytest_configure turns off xdist's reordering of
+# units by their number of tests, which queued the unit seventh and test_train
+# third from last, leaving one worker idle for its ~15 minutes).
 SEVERAL_PROCESSES = {
     "test_train_jax.py": {"runs"},  # 2-process runs, two at a time
     "test_elastic_resume.py": None,
     "test_launchers.py": None,
 }
+
+
+# Test time outside the several-process unit, 2026-12-03 (s, `-n 2`): test_train
+# 1,388, test_batch_study 763, test_bad_input 460, test_batch_schedule_tool 306,
+# test_plan_hlo 216, test_signals 171; the next, test_train_jax, 134.
+LONGEST_MODULES = (
+    "test_train.py",
+    "test_batch_study.py",
+    "test_bad_input.py",
+    "test_batch_schedule_tool.py",
+    "test_plan_hlo.py",
+    "test_signals.py",
+)
+
+
+def _order(item):
+    """Where `item`'s unit of work goes in the queue (see SEVERAL_PROCESSES)."""
+    unit = _work_unit(item)
+    if unit == "several_processes":
+        return -1
+    return LONGEST_MODULES.index(unit) if unit in LONGEST_MODULES else len(LONGEST_MODULES)
 
 
 def _work_unit(item):
@@ -351,7 +374,6 @@ def pytest_configure(config):
 
 @pytest.hookimpl(tryfirst=True)  # before -m deselects, and before xdist reads the groups
 def pytest_collection_modifyitems(config, items):
-    items.sort(key=lambda item: _work_unit(item) != "several_processes")  # stable: first
     for item in items:
         item.add_marker(pytest.mark.xdist_group(_work_unit(item)))
         independent = VERSION_INDEPENDENT.get(os.path.basename(str(item.fspath)))
@@ -368,6 +390,7 @@ def pytest_collection_modifyitems(config, items):
             item.user_properties.append(("slow", why))
             if why.startswith("starts a process") and not item.get_closest_marker("subprocess"):
                 item.add_marker(pytest.mark.subprocess)
+    items.sort(key=_order)  # stable: each unit's tests keep their order
 
 
 _INHERITED = object()
