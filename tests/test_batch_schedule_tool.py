@@ -134,7 +134,11 @@ def test_a_phase_batch_that_does_not_divide_among_replicas_is_refused(monkeypatc
     before = os.listdir(tmp_path)
     with pytest.raises(train.ConfigError) as error:  # refused before a step
         train_data.short_run(
-            tmp_path / "r", global_batch_size=128, batch_schedule="0:512,1:511", train_epochs=2
+            tmp_path / "r",
+            global_batch_size=128,
+            batch_schedule="0:512,1:511",
+            train_epochs=2,
+            train_examples=0,  # all 1438
         )
     assert str(error.value).startswith(  # the runtime's flag follows (patched here)
         "--batch_schedule=0:512,1:511: phase 2 (epoch 1) has global batch 511, not divisible "
@@ -223,32 +227,33 @@ def test_each_image_size_phase_reads_its_images_at_its_size():
 
 # --- a two-phase run ----------------------------------------------------------------
 def test_a_phased_run_feeds_each_batch_and_size_and_follows_the_closed_form(tmp_path):
-    # ResNet-18 on digits: 2 steps at batch 512, then 2 epochs of 1 at 1024, the
-    # last at 16x16 (the first two at 8x8).
+    # ResNet-18 on the short run's 128 digits: 2 steps at batch 64, then 2
+    # epochs of 1 at 128, the last at 16x16 (the first two at 8x8). (Was
+    # 512 and 1024 of all 1438: the same steps at 8x the compute.)
     config, summary = train_data.short_run(
         tmp_path / "run",
-        global_batch_size=128,  # the default: the first phase's batch replaces it
-        batch_schedule="0:512,1:1024",
+        batch_schedule="0:64,1:128",  # the first phase's batch replaces the 128 given
         image_size_schedule="0:8,2:16",
         train_epochs=3,
         warmup_epochs=0.5,
         batch_coupling="linear",
     )
-    assert config.global_batch_size == 512
+    assert config.global_batch_size == 64 and config.train_examples == 128
     assert summary["phases"] == [
-        dict(first_epoch=0, end_epoch=1, global_batch_size=512, steps_per_epoch=2, image_size=8),
-        dict(first_epoch=1, end_epoch=2, global_batch_size=1024, steps_per_epoch=1, image_size=8),
-        dict(first_epoch=2, end_epoch=3, global_batch_size=1024, steps_per_epoch=1, image_size=16),
+        dict(first_epoch=0, end_epoch=1, global_batch_size=64, steps_per_epoch=2, image_size=8),
+        dict(first_epoch=1, end_epoch=2, global_batch_size=128, steps_per_epoch=1, image_size=8),
+        dict(first_epoch=2, end_epoch=3, global_batch_size=128, steps_per_epoch=1, image_size=16),
     ]
     assert (summary["epochs"], summary["steps"]) == (3, 4)
     history = summary["history"]
-    assert [h["global_batch_size"] for h in history] == [512, 1024, 1024]
+    assert [h["global_batch_size"] for h in history] == [64, 128, 128]
     assert [h["image_size"] for h in history] == [8, 8, 16]
     assert [h["steps"] for h in history] == [2, 3, 4]  # optimizer.iterations runs on
     # The rate logged at an epoch's end is that of the next step.
-    phases, peak = ((0, 512), (1, 1024)), config.peak_learning_rate
+    phases, peak = ((0, 64), (1, 128)), config.peak_learning_rate
     expected = [
-        closed_form_rate(s, phases, DIGITS_TRAIN, peak, 0.5, 3, 1e-4, (1, 2)) for s in (2, 3, 4)
+        closed_form_rate(s, phases, config.train_examples, peak, 0.5, 3, 1e-4, (1, 2))
+        for s in (2, 3, 4)
     ]
     np.testing.assert_allclose([h["learning_rate"] for h in history], expected, rtol=2e-6)
     assert expected[0] == pytest.approx(2 * (1e-4 + (1 - 1e-4) * 0.8**2))  # the doubled rate

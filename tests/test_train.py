@@ -167,9 +167,11 @@ def _console_script(*args):
 
 # The tests' single runs of the tool: name: (arguments, run_tool's options).
 LAUNCHES = {
+    # The first 256 digits: 2 steps an epoch at the default batch of 128.
     "divergence_rollback": (
         [
             "--model=alexnet",
+            "--train_examples=256",
             "--train_epochs=2",
             "--warmup_epochs=1",
             "--base_learning_rate=1e6",
@@ -190,9 +192,13 @@ LAUNCHES = {
         ],
         {},
     ),
+    # 11 steps of 16 an epoch, one execution each.
     "images_per_second": (
         [
             "--model=alexnet",
+            "--global_batch_size=16",
+            "--train_examples=176",
+            "--eval_examples=64",
             "--train_epochs=2",
             "--warmup_epochs=1",
             "--steps_per_execution=11",
@@ -422,6 +428,24 @@ def test_digits_split_is_fixed_whatever_the_seed():
 
 
 # --- make_tfrecords -----------------------------------------------------------------
+def test_train_and_eval_examples_keep_the_first_of_each_split_of_an_in_memory_set(tmp_path):
+    whole = input_pipeline.Digits(image_size=8)
+    part = input_pipeline.Digits(image_size=8, train_examples=100, eval_examples=30)
+    assert (part.info.num_train, part.info.num_eval) == (100, 30)
+    for kept, complete, count in zip(part.arrays, whole.arrays, (100, 30)):
+        for array, full in zip(kept, complete):
+            np.testing.assert_array_equal(array, full[:count])
+    config = train.Config(train_examples=1439, model_dir=str(tmp_path / "run"))
+    with pytest.raises(input_pipeline.DataError) as raised:
+        input_pipeline.load(config)  # was: all 1438 used without a word
+    assert str(raised.value) == (
+        "--train_examples=1439: the digits training split has 1438 examples; give at most that."
+    )
+    with pytest.raises(input_pipeline.DataError, match="^--eval_examples=360: the digits test "):
+        input_pipeline.Digits(image_size=8, eval_examples=360)
+    assert not (tmp_path / "run").exists()
+
+
 def test_make_tfrecords_writes_imagenet_format_shards(tmp_path):
     source = train_data.colour_folders(str(tmp_path / "photos"), per_class=5)
     out = str(tmp_path / "records")
@@ -1157,14 +1181,14 @@ def test_leftovers_are_removed_and_other_data_is_refused(short_run, tmp_path):
     leftover = model_dir / "checkpoints" / "partial-ckpt-0003.weights.h5"
     leftover.write_bytes(b"half a file")
     config = dataclasses.replace(short_run[1], model_dir=str(model_dir))  # the run's settings
-    info = input_pipeline.DatasetInfo("digits", 1438, 359, 10)
+    info = input_pipeline.DatasetInfo("digits", 128, 64, 10)  # SHORT_RUN's examples
     assert train_model_dir.prepare(config, info)["data"] == {
         "num_classes": 10,
-        "num_train": 1438,
-        "num_eval": 359,
+        "num_train": 128,
+        "num_eval": 64,
     }
     assert not leftover.exists()
-    other = input_pipeline.DatasetInfo("digits", 1438, 359, 12)
+    other = input_pipeline.DatasetInfo("digits", 128, 64, 12)
     with pytest.raises(train.ConfigError, match="other settings .*data: .*num_classes.: 10"):
         train_model_dir.prepare(config, other)
 
@@ -1313,10 +1337,12 @@ def test_a_sigterm_then_a_killed_worker_and_the_reruns_end_as_the_uninterrupted_
     # TensorFlow's PreemptionCheckpointHandler: both workers save at the same
     # step and exit 75. The rerun loses a worker to SIGKILL; the chief exits
     # 75 with one line. The same two commands then end with the weights of an
-    # uninterrupted two-worker run. The second worker starts 5 s late. 11
-    # steps an epoch: each all-reduces AlexNet's 20M gradients.
+    # uninterrupted two-worker run. The second worker starts 5 s late. 6
+    # steps an epoch (the first 768 digits; was 11 of all 1438): each
+    # all-reduces AlexNet's 20M gradients.
     args = [
         "--model=alexnet",
+        "--train_examples=768",
         "--train_epochs=3",
         "--warmup_epochs=1",
         "--global_batch_size=128",

@@ -14,6 +14,7 @@ from keras_lars.tools.input_pipeline.arrays import arrays_train
 from keras_lars.tools.input_pipeline.arrays import grey_to_rgb
 from keras_lars.tools.input_pipeline.arrays import load_digits
 from keras_lars.tools.input_pipeline.arrays import synthetic
+from keras_lars.tools.input_pipeline.errors import DataError
 from keras_lars.tools.input_pipeline.idx import FASHION_MNIST_CLASSES
 from keras_lars.tools.input_pipeline.idx import load_fashion_mnist
 from keras_lars.tools.input_pipeline.imagenet import imagenet_eval_examples
@@ -95,15 +96,20 @@ class _Source:
 class _InMemory(_Source):
     """A data set held in memory: `arrays` = ((train images, labels), (eval
     images, labels)) tensors, read in the order of `epoch_permutation`;
-    `preprocess` (if any) converts a batch of images as it is read."""
+    `preprocess` (if any) converts a batch of images as it is read;
+    `train_examples`, `eval_examples` (0: all) keep the first N of a split."""
 
     preprocess = None
 
-    def __init__(self, name, arrays, image_size, seed, num_classes):
+    def __init__(
+        self, name, arrays, image_size, seed, num_classes, train_examples=0, eval_examples=0
+    ):
         self.image_size, self.seed = image_size, seed
-        self.arrays = tf.nest.map_structure(tf.constant, arrays)
-        (_, train_labels), (_, eval_labels) = self.arrays
-        self.info = DatasetInfo(name, len(train_labels), len(eval_labels), num_classes)
+        train, evaluation = arrays
+        train = _first(train, train_examples, "--train_examples", f"the {name} training split")
+        evaluation = _first(evaluation, eval_examples, "--eval_examples", f"the {name} test split")
+        self.arrays = tf.nest.map_structure(tf.constant, (train, evaluation))
+        self.info = DatasetInfo(name, len(train[1]), len(evaluation[1]), num_classes)
 
     def train(self, epoch, global_batch_size, input_context=None, skip_batches=0):
         (images, labels), _ = self.arrays
@@ -128,16 +134,25 @@ class _InMemory(_Source):
         return examples.map(lambda image, label: (self.preprocess(image), label))
 
 
+def _first(split, count, flag, what):
+    """The first `count` examples of `split` = (images, labels) (0: all of
+    them); a DataError names `flag` if the split has fewer."""
+    available = len(split[1])
+    if count > available:
+        raise DataError(f"{flag}={count}: {what} has {available} examples; give at most that.")
+    return split if count == 0 else tuple(array[:count] for array in split)
+
+
 class Digits(_InMemory):
     """scikit-learn's 1797 handwritten digits in memory (`load_digits`),
     read in the order of `epoch_permutation`; nothing is downloaded."""
 
     default_image_size = 32
 
-    def __init__(self, image_size=32, seed=0, num_classes=0):
-        super().__init__(
-            "digits", load_digits(image_size), image_size, seed, num_classes or DIGITS_CLASSES
-        )
+    def __init__(self, image_size=32, seed=0, num_classes=0, train_examples=0, eval_examples=0):
+        arrays = load_digits(image_size)
+        classes = num_classes or DIGITS_CLASSES
+        super().__init__("digits", arrays, image_size, seed, classes, train_examples, eval_examples)
 
 
 class FashionMNIST(_InMemory):
@@ -149,10 +164,13 @@ class FashionMNIST(_InMemory):
 
     default_image_size = 28
 
-    def __init__(self, data_dir=None, image_size=28, seed=0, num_classes=0):
+    def __init__(
+        self, data_dir=None, image_size=28, seed=0, num_classes=0, train_examples=0, eval_examples=0
+    ):
         arrays = load_fashion_mnist(data_dir)
+        classes = num_classes or FASHION_MNIST_CLASSES
         super().__init__(
-            "fashion_mnist", arrays, image_size, seed, num_classes or FASHION_MNIST_CLASSES
+            "fashion_mnist", arrays, image_size, seed, classes, train_examples, eval_examples
         )
 
     def preprocess(self, images):

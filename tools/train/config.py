@@ -341,9 +341,15 @@ class Config:
         0, "Classes; 0: the data set's (dataset.json, 1000, 10).", check=at_least(0)
     )
     train_examples: int = setting(
-        0, "Training examples per epoch; 0: the data set's.", check=at_least(0)
+        0,
+        "Training examples per epoch; 0: the data set's (digits, fashion_mnist: its first N).",
+        check=at_least(0),
     )
-    eval_examples: int = setting(0, "Evaluation examples; 0: the data set's.", check=at_least(0))
+    eval_examples: int = setting(
+        0,
+        "Evaluation examples; 0: the data set's (digits, fashion_mnist: its first N).",
+        check=at_least(0),
+    )
     sync_batch_norm: bool = setting(
         False,
         "Batch-norm statistics over all replicas.",
