@@ -1,6 +1,6 @@
 """The training tool: trains an image classifier with LARS, LAMB or momentum SGD.
 
-    keras-lars-train           # ResNet-18 on scikit-learn's digits, 1-1.5 min on 2 cores
+    keras-lars-train           # ResNet-18 on scikit-learn's digits, 15 epochs on the CPU
 
 With no flags it trains ResNet-18 at 32x32 with LARS and the warmup +
 polynomial-decay schedule on scikit-learn's handwritten digits (1797 8x8
