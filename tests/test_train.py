@@ -255,12 +255,15 @@ def short_run(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def finished_run(tmp_path_factory):
-    """The default run, shortened to 2 epochs, finished: (model_dir, process).
+    """The default run, shortened to 2 epochs of the first 256 digits (2
+    steps each, 128 evaluated), finished: (model_dir, process). The wheel
+    stage of CI (noxfile.py) runs the default job on all of them.
     Not one of LAUNCHES: its two tests are newest-only in CI
     (tests/conftest.py's NEWEST_ONLY_IN_CI), and the others' fixture must
     not start it on the oldest pair."""
     model_dir = tmp_path_factory.mktemp("default") / "run"
-    process = run_tool(["--train_epochs=2", f"--model_dir={model_dir}"], command=_console_script)
+    args = ["--train_epochs=2", "--train_examples=256", "--eval_examples=128"]
+    process = run_tool([*args, f"--model_dir={model_dir}"], command=_console_script)
     assert process.returncode == 0, process.stderr[-3000:]
     return str(model_dir), process
 
@@ -688,7 +691,7 @@ def test_default_run_writes_checkpoints_logs_and_summary(finished_run):
     assert "Epoch 2/2" in process.stdout
     with open(os.path.join(model_dir, "summary.json")) as f:
         summary = json.load(f)
-    assert summary["epochs"] == 2 and summary["steps"] == 2 * (1438 // 128)
+    assert summary["epochs"] == 2 and summary["steps"] == 2 * (256 // 128)
     assert [h["epoch"] for h in summary["history"]] == [1, 2]
     assert summary["final"]["steps"] == summary["steps"]
     assert 0.0 <= summary["final"]["val_accuracy"] <= 1.0
@@ -762,9 +765,13 @@ def test_each_model_family_trains_on_generated_tfrecords(records, tmp_path):
     assert any(n.startswith("events.out.tfevents") for n in os.listdir(trust_logs))
 
 
-# AlexNet-BN has dropout: a resumed run must also draw the same masks.
+# AlexNet-BN has dropout: a resumed run must also draw the same masks. The
+# first 768 digits: 12 steps of 64 an epoch, 2 evaluation steps (was all 1438
+# and 360: 22 and 6, for the same claims).
 RESUMED = [
     "--model=alexnet_bn",
+    "--train_examples=768",
+    "--eval_examples=128",
     "--train_epochs=2",
     "--warmup_epochs=1",
     "--global_batch_size=64",
@@ -1246,7 +1253,7 @@ def test_sigterm_saves_within_the_epoch_and_the_rerun_ends_as_an_uninterrupted_r
     assert victim.returncode == train.EXIT_PREEMPTED, stderr[-3000:]
     assert "SIGTERM received" in stderr and "preempted: stopped by SIGTERM" in stderr
     epoch, step = checkpoints.saved(str(stopped / "checkpoints"))[-1]
-    assert epoch == 0 and 4 < step < 22  # inside the first epoch (22 steps)
+    assert epoch == 0 and 4 < step < 12  # inside the first epoch (12 steps)
     assert not (stopped / "summary.json").exists()
     resumed = run_tool(args + [f"--model_dir={stopped}"])
     assert resumed.returncode == 0, resumed.stderr[-3000:]
