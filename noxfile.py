@@ -219,8 +219,9 @@ def wheel(session):
         "print('ResNet-50 trainable parameters:', n); assert n == 25557032, n",
     )
     # The default run cut to two epochs, into runs/digits, from the installed wheel
-    # (test_train's test_default_run_writes_checkpoints_logs_and_summary runs the same
-    # from the source tree; the whole 15-epoch job's accuracy is README's quick start).
+    # (test_train's test_default_run_writes_checkpoints_logs_and_summary runs it on the
+    # first 256 digits from the source tree; the whole 15-epoch job's accuracy is README's
+    # quick start).
     session.run("keras-lars-train", *SHORTENED)
     # The same run through python -m: found finished, nothing retrained.
     session.run("python", "-m", "keras_lars.tools.train", *SHORTENED)
