@@ -307,9 +307,11 @@ NEWEST_ONLY_IN_CI = {
     "test_train.py::test_default_run_writes_checkpoints_logs_and_summary": "the quick "
     "start's job cut to 2 of its 15 epochs (the wheel stage runs it again from the built "
     "wheel); the oldest pair trains the same code in test_train's short runs",
-    "test_train.py::test_bad_input_is_one_line_naming_the_flag_or_file": "two dozen tool "
-    "starts whose checks mostly run before TensorFlow trains; TensorFlow's own data "
-    "errors are checked on the oldest pair by test_bad_input and test_fashion_mnist",
+    "test_train.py::test_bad_input_is_one_line_naming_the_flag_or_file": "seven tool "
+    "starts, one for each way an error reaches the command line, into the quick start's "
+    "finished run; the oldest pair checks every case's message in this process "
+    "(test_each_bad_input_is_an_error_naming_the_flag_or_file), and real tool processes' "
+    "one error line in test_fashion_mnist, test_launchers and test_elastic_resume",
     "test_train.py::test_each_model_family_trains_on_generated_tfrecords": "every model builds "
     "on the oldest pair in test_models, and ResNet-18 and AlexNet-BN train on records "
     "there in test_train's resume and schedule tests",

@@ -38,13 +38,16 @@ from tests.test_train import fingerprint
 from tests.test_train import h5_arrays
 from tests.test_train import tool_command
 
-# Digits at 8x8: 5 steps of 256 (epoch 1), then 2 of 512 (epoch 2); a constant
-# rate (LARS at 0.1: at 1.0 its trust ratio amplifies rounding between any two
-# layouts); a step checkpoint every 6 steps, so the last but one is step 1 of
-# epoch 2, in the second phase.
+# The first 320 digits at 8x8: 5 steps of 64 (epoch 1), then 2 of 128 (epoch
+# 2); a constant rate (LARS at 0.1: at 1.0 its trust ratio amplifies rounding
+# between any two layouts); a step checkpoint every 6 steps, so the last but
+# one is step 1 of epoch 2, in the second phase. (Were batches of 256 and 512
+# of all 1,438: the same steps at 4x the compute; the fixture of the
+# uninterrupted runs took 207 s alone, now 93 s.)
 SHARED = [
     "--image_size=8",
-    "--batch_schedule=0:256,1:512",
+    "--train_examples=320",
+    "--batch_schedule=0:64,1:128",
     "--train_epochs=2",
     "--warmup_epochs=0",
     "--base_learning_rate=0.1",
@@ -58,12 +61,12 @@ SYNCED = [*SHARED, "--sync_batch_norm"]
 UNSYNCED = ["--image_size=8", "--global_batch_size=128", "--train_examples=128"]
 UNSYNCED += ["--train_epochs=1", "--warmup_epochs=0"]
 # The resumed run ends as the uninterrupted run on its old layout: its last
-# step ran on the new one (measured, largest absolute difference: 9.5e-6 from
-# 2 workers to 1, 2.5e-5 from 1 to 2, TF 2.21, 2026-12-03; with the 2 resumed
-# steps of 256 before the batch schedule, 2e-5 and 1.1e-4). The runs on the two
-# layouts were 5.8e-3 apart after their 7 steps (1.2e-2 after 10 steps of 256,
-# LAYOUTS_ATOL): the rounding of step 1 grows every step, and 2 replicas
-# differ from 1 by more than rounding in ResNet-18's last stage (open, see
+# step ran on the new one (measured, largest absolute difference: 4.8e-7 both
+# ways, TF 2.21, 2026-12-04; with batches of 256 and 512, 9.5e-6 from 2 workers
+# to 1 and 2.5e-5 from 1 to 2). The runs on the two layouts were 2.0e-3 apart
+# after their 7 steps (5.8e-3 with batches of 256 and 512; 1.2e-2 after 10
+# steps of 256): the rounding of step 1 grows every step, and 2 replicas differ
+# from 1 by more than rounding in ResNet-18's last stage (open, see
 # tests/test_launchers.py). Without --sync_batch_norm they are 9e-2 apart.
 RTOL, ATOL, LAYOUTS_ATOL = 1e-4, 5e-4, 3e-2
 LAST, RESUMED_FROM = "ckpt-0002", "ckpt-0001-000001"
@@ -151,8 +154,8 @@ def test_two_workers_with_a_batch_change_equal_one_process(synced):
     summaries = {n: json.loads((d / "summary.json").read_text()) for n, d in synced.items()}
     for summary in summaries.values():
         assert [(h["steps"], h["global_batch_size"]) for h in summary["history"]] == [
-            (5, 256),
-            (7, 512),
+            (5, 64),
+            (7, 128),
         ]
     for two, one in zip(summaries[2]["history"], summaries[1]["history"], strict=True):
         assert two["val_loss"] == pytest.approx(one["val_loss"], abs=1e-3)

@@ -39,6 +39,7 @@ from keras_lars.tools import storage
 from keras_lars.tools import train
 from keras_lars.tools.benchmark_allreduce import free_ports
 from keras_lars.tools.train import build as train_build
+from keras_lars.tools.train import cli as train_cli
 from keras_lars.tools.train import config as train_config
 from keras_lars.tools.train import model_dir as train_model_dir
 from keras_lars.tools.train import runtime as train_runtime
@@ -834,9 +835,9 @@ def test_rerun_after_kill_resumes_and_ends_as_an_uninterrupted_run(uninterrupted
     assert_same_weights(whole / "checkpoints" / name, killed / "checkpoints" / name, 20)
 
 
-def test_bad_input_is_one_line_naming_the_flag_or_file(finished_run, records, tmp_path):
-    model_dir, _ = finished_run
-    before = fingerprint(model_dir)
+def _bad_inputs(tmp_path, finished_model_dir):
+    """{name: (arguments, culprit, detail)}: a bad flag, record file or model
+    dir each, and what its one error line must name."""
     empty = tmp_path / "empty"
     empty.mkdir()
     jpeg = jpeg_bytes(np.full((24, 24, 3), 90))
@@ -878,44 +879,93 @@ def test_bad_input_is_one_line_naming_the_flag_or_file(finished_run, records, tm
         "--eval_examples=1",
         "--train_steps=3",
     ]
-    cases = [
-        (["--model=vgg16"], "--model=vgg16", "resnet18|resnet34"),
-        (["--optimizer=adam"], "--optimizer=adam", "lars|lamb|sgd|nesterov"),
-        (["--strategy=horovod"], "--strategy=horovod", "default|mirrored|multi_worker|tpu"),
-        (imagenet + [f"--data_dir={empty}"], f"--data_dir={empty}", "train-*"),
-        (imagenet + [f"--data_dir={garbage}"], "garbage/train-00000-of-00001", "TFRecord"),
-        (
+    finished = f"--model_dir={finished_model_dir}"
+    return {
+        "model": (["--model=vgg16"], "--model=vgg16", "resnet18|resnet34"),
+        "optimizer": (["--optimizer=adam"], "--optimizer=adam", "lars|lamb|sgd|nesterov"),
+        "strategy": (
+            ["--strategy=horovod"],
+            "--strategy=horovod",
+            "default|mirrored|multi_worker|tpu",
+        ),
+        "empty": (imagenet + [f"--data_dir={empty}"], f"--data_dir={empty}", "train-*"),
+        "garbage": (
+            imagenet + [f"--data_dir={garbage}"],
+            "garbage/train-00000-of-00001",
+            "TFRecord",
+        ),
+        "other_format": (
             imagenet + [f"--data_dir={other}"],
             "other_format/train-00000-of-00001",
             "ImageNet-format",
         ),
-        (
+        "bad_middle": (  # it trains: a model dir of its own
             imagenet + [f"--data_dir={middle}", f"--model_dir={tmp_path / 'm'}"],
             "bad_middle/train-00000-of-00001: record 5",
             "JPEG",
         ),
-        (
+        "png_inside": (
             imagenet + [f"--data_dir={png}"],
             "png_inside/train-00000-of-00001",
             "not a readable JPEG",
         ),
-        (imagenet + [f"--data_dir={folder}"], "folder_shard/train-00001-of-00002", "directory"),
-        (["--warmup_epochs=inf"], "--warmup_epochs=inf", "finite"),
-        (["--base_learning_rate=nan"], "--base_learning_rate=nan", "finite"),
-        (["--seed=-1"], "--seed=-1", "between 0 and"),
-        (["--image_size=100000"], "--image_size=100000", "between 8 and 4096"),
-        (["--strategy=tpu", "--tpu=local"], "--strategy=tpu --tpu=local", "cannot start"),
-        (["--base_learning_rate=0"], "--base_learning_rate=0", "> 0"),
-        (["--base_learning_rate=-2", "--optimizer=sgd"], "--base_learning_rate=-2", "> 0"),
-        (["--warmup_epochs=20", "--train_epochs=3"], "--warmup_epochs=20", "longer"),
-        (["--model=alexnet"], "--model", "other settings"),  # into the finished run
-        ([f"--model_dir={tmp_path / 'a_file' / 'run'}"], "cannot write", "a_file/run"),
-        (
+        "folder_shard": (
+            imagenet + [f"--data_dir={folder}"],
+            "folder_shard/train-00001-of-00002",
+            "directory",
+        ),
+        "warmup_inf": (["--warmup_epochs=inf"], "--warmup_epochs=inf", "finite"),
+        "rate_nan": (["--base_learning_rate=nan"], "--base_learning_rate=nan", "finite"),
+        "seed": (["--seed=-1"], "--seed=-1", "between 0 and"),
+        "image_size": (["--image_size=100000"], "--image_size=100000", "between 8 and 4096"),
+        "tpu": (["--strategy=tpu", "--tpu=local"], "--strategy=tpu --tpu=local", "cannot start"),
+        "rate_0": (["--base_learning_rate=0"], "--base_learning_rate=0", "> 0"),
+        "rate_negative": (
+            ["--base_learning_rate=-2", "--optimizer=sgd"],
+            "--base_learning_rate=-2",
+            "> 0",
+        ),
+        "warmup_longer": (
+            ["--warmup_epochs=20", "--train_epochs=3"],
+            "--warmup_epochs=20",
+            "longer",
+        ),
+        "into_another_run": (["--model=alexnet", finished], "--model", "other settings"),
+        "model_dir_in_a_file": (
+            [f"--model_dir={tmp_path / 'a_file' / 'run'}"],
+            "cannot write",
+            "a_file/run",
+        ),
+        "steps_per_execution": (
             ["--train_steps=3", "--steps_per_execution=2", "--train_epochs=1"],
             "--steps_per_execution=2",
             "divide",
         ),
-    ]
+    }
+
+
+# The bad inputs that test_bad_input_is_one_line_naming_the_flag_or_file gives to
+# the tool's processes: one for each way an error reaches its command line
+# (absl's flag parser, a setting's check, TensorFlow's record reader before and
+# during training, the TPU cluster's start, the model dir's checkpoint, the
+# disk). The in-process test below checks every other one's message: the same
+# exceptions and messages, without the ~15 s start of a process each.
+BAD_INPUTS_IN_PROCESSES = (
+    "model",
+    "warmup_inf",
+    "garbage",
+    "bad_middle",
+    "tpu",
+    "into_another_run",
+    "model_dir_in_a_file",
+)
+
+
+def test_bad_input_is_one_line_naming_the_flag_or_file(finished_run, tmp_path):
+    model_dir, _ = finished_run
+    before = fingerprint(model_dir)
+    cases = _bad_inputs(tmp_path, model_dir)
+    cases = [cases[name] for name in BAD_INPUTS_IN_PROCESSES]
     processes = run_tools(
         [
             args
@@ -928,7 +978,7 @@ def test_bad_input_is_one_line_naming_the_flag_or_file(finished_run, records, tm
         ]
     )
     for (args, culprit, detail), process in zip(cases, processes):
-        assert process.returncode != 0, args
+        assert process.returncode == 1, (args, process.returncode)
         assert "Traceback" not in process.stderr, (args, process.stderr[-3000:])
         lines = [
             line
@@ -938,6 +988,26 @@ def test_bad_input_is_one_line_naming_the_flag_or_file(finished_run, records, tm
         assert len(lines) == 1, (args, process.stderr[-3000:])
         assert culprit in lines[0] and detail in lines[0], (args, lines[0])
     assert fingerprint(model_dir) == before  # nothing in the model dir lost or changed
+
+
+def test_each_bad_input_is_an_error_naming_the_flag_or_file(tmp_path):
+    """Every bad input of _bad_inputs but those that need a process (the TPU
+    cluster's start) or a finished run, in this process: parsed by absl with
+    the tool's flags, then trained; the error must name the culprit."""
+    cases = _bad_inputs(tmp_path, tmp_path / "no_run")
+    for name, (args, culprit, detail) in cases.items():
+        if name in ("tpu", "into_another_run"):
+            continue
+        if not any(a.startswith("--model_dir") for a in args):
+            args = [*args, f"--model_dir={tmp_path / 'runs' / name}"]
+        try:
+            train.train_and_evaluate(parse(*args))
+        except (flags.Error, *train_cli.KNOWN_ERRORS) as error:
+            message = str(error)
+        else:
+            raise AssertionError(f"{name}: {args} trained without an error")
+        assert culprit in message and detail in message, (name, message)
+        assert "\n" not in message.strip(), (name, message)
 
 
 def test_help_lists_every_setting(launches):
