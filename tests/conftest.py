@@ -291,7 +291,20 @@ _SETTINGS_RECORD = (
     "one short run shared by three tests); the oldest pair resumes checkpoints in test_train's "
     "kill and SIGTERM reruns and refuses other settings in test_train's leftovers test"
 )
+_LAUNCHES = (
+    "one of test_train's LAUNCHES (six single-process runs in one fixture: divergence, its "
+    "rollbacks, throughput, a failed checkpoint write, --help), the tool's bookkeeping over "
+    "Keras's fit and weights files, whose version-dependent parts the oldest pair runs in "
+    "test_train's kill and SIGTERM reruns (checkpoints written, read and resumed) and "
+    "test_callbacks (Keras's callbacks); ~250 s of the oldest stage on 2026-12-04"
+)
 NEWEST_ONLY_IN_CI = {
+    "test_train.py::test_divergence_stops_with_one_error_line_and_checkpoints_nothing": _LAUNCHES,
+    "test_train.py::test_divergence_rollback_lowers_the_rate_and_a_resume_keeps_it": _LAUNCHES,
+    "test_train.py::test_divergence_after_the_last_rollback_is_an_error": _LAUNCHES,
+    "test_train.py::test_a_failed_checkpoint_write_is_one_line_and_leaves_no_file": _LAUNCHES,
+    "test_train.py::test_images_per_second_with_one_execution_per_epoch": _LAUNCHES,
+    "test_train.py::test_help_lists_every_setting": _LAUNCHES,
     "test_bad_input.py::test_a_deleted_config_json_still_refuses_other_settings_naming_them": (
         _SETTINGS_RECORD
     ),
