@@ -91,8 +91,8 @@ def matrix(session, tensorflow, keras):
 @nox.session
 def oldest_ci(session):
     """CI's oldest-pair stage: the whole suite on the oldest pair but the
-    modules that exercise no version-dependent path and seven single-process
-    runs (tests/conftest.py's VERSION_INDEPENDENT and
+    modules that exercise no version-dependent path and thirteen single-process
+    tests (tests/conftest.py's VERSION_INDEPENDENT and
     NEWEST_ONLY_IN_CI, each with its reason), which the newest pair runs."""
     selection = "not version_independent and not newest_only_in_ci"
     _suite(session, *OLDEST, ["-m", selection], "all but version-independent, newest-only")
