@@ -18,6 +18,7 @@ uv makes the environments when it is installed (pip install nox uv).
 
 import datetime
 import os
+import subprocess
 import sys
 import time
 import xml.etree.ElementTree as ElementTree
@@ -55,6 +56,7 @@ COLUMNS = [
     "scope",
     "jax_passed",
     "jax_failed",
+    "commit",
 ]
 VERSIONS_PAGE = os.path.join("docs", "versions.md")
 # The wheel session's run: the quick start's job cut to 2 epochs (warmup 1) of
@@ -121,13 +123,40 @@ def _suite(session, tensorflow, keras, pytest_args, scope):
     versions = shown.split()[-3:]
     print("tensorflow {} keras {} jax {}".format(*versions))
     report = os.path.join(session.create_tmp(), "junit.xml")
-    started = time.time()
+    commit, started = _commit(), time.time()
     try:
         session.run(
             "python", "-m", "pytest", *IN_TWO_PROCESSES, f"--junitxml={report}", *pytest_args
         )
     finally:
-        _record(versions, report, time.time() - started, scope)
+        _record(versions, report, time.time() - started, scope, commit)
+
+
+def _commit():
+    """The tested commit (git's short hash), "+changes" when tracked files
+    other than the results differ from it; "-" outside a git checkout."""
+    try:
+        head = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=True
+        ).stdout.strip()
+        changed = subprocess.run(
+            [
+                "git",
+                "status",
+                "--porcelain",
+                "--untracked-files=no",
+                "--",
+                ".",
+                f":!{RESULTS}",
+                f":!{VERSIONS_PAGE}",
+            ],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "-"
+    return head + ("+changes" if changed else "")
 
 
 def _on_jax(case):
@@ -136,7 +165,7 @@ def _on_jax(case):
     return "jax" in name
 
 
-def _record(versions, report, seconds, scope):
+def _record(versions, report, seconds, scope, commit):
     if not os.path.exists(report):
         return
     suite = ElementTree.parse(report).getroot()
@@ -161,6 +190,7 @@ def _record(versions, report, seconds, scope):
         scope,
         len(jax_cases) - jax_failed - jax_skipped,
         jax_failed,
+        commit,
     ]
     new = not os.path.exists(RESULTS)
     with open(RESULTS, "a") as f:
@@ -240,7 +270,7 @@ def matrix_table(session):
             latest[(row["tensorflow"], row["keras"])] = row
     lines = [
         "| TensorFlow | Keras | jax | passed | failed | errors | skipped | JAX road "
-        "(passed / failed) | minutes | run on |",
+        "(passed / failed) | minutes | run on, commit |",
         "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for pair in PAIRS:
@@ -251,7 +281,7 @@ def matrix_table(session):
         lines.append(
             f"| {pair[0]} | {pair[1]} | {row['jax']} | {row['passed']} | {row['failed']} | "
             f"{row['errors']} | {row['skipped']} | {row['jax_passed']} / {row['jax_failed']} | "
-            f"{int(row['seconds']) / 60:.1f} | {row['date']} |"
+            f"{int(row['seconds']) / 60:.1f} | {row['date']}, {row['commit']} |"
         )
     with open(VERSIONS_PAGE) as f:
         page = f.read()
