@@ -21,14 +21,18 @@ from tests import train_data
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 # The sweeps that train check the study's bookkeeping, not a network: AlexNet-BN
-# trains a cell in about two thirds of ResNet-18's time (8x8 digits, 2026-12-03).
+# trains a cell in about two thirds of ResNet-18's time (8x8 digits, 2026-12-03),
+# on the first 640 digits (all 1,438 until 2026-12-04: twice the images for the
+# same bookkeeping).
 CELL_MODEL = "--model=alexnet_bn"
+EXAMPLES = 640
 TINY = [
     CELL_MODEL,
     "--image_size=8",
+    f"--train_examples={EXAMPLES}",
     "--train_epochs=1",
     "--warmup_epochs=0",
-    "--batch_sizes=512,full",
+    "--batch_sizes=256,full",
     "--optimizers=sgd,lars",
     "--seeds=1",
 ]
@@ -67,8 +71,9 @@ def test_tiny_sweep_writes_tables_and_plot_and_reuses_finished_cells(tmp_path, m
 
     monkeypatch.setattr(train, "train_and_evaluate", counting)
     study_dir = str(tmp_path / "study")
-    num_train = input_pipeline.Digits(image_size=8).info.num_train
-    batches = (512, num_train)
+    num_train = input_pipeline.Digits(image_size=8, train_examples=EXAMPLES).info.num_train
+    assert num_train == EXAMPLES
+    batches = (256, num_train)
     base = {"sgd": 0.1, "lars": 2.5}  # the defaults, linear scaling
 
     batch_study.run_study(parse(*TINY, f"--study_dir={study_dir}"))
@@ -465,6 +470,7 @@ def test_batch_control_cells_train_and_are_tabled(tmp_path):
     argv = [
         CELL_MODEL,
         "--image_size=8",
+        f"--train_examples={EXAMPLES}",
         "--train_epochs=2",
         "--warmup_epochs=0",
         "--optimizers=sgd",
@@ -481,7 +487,7 @@ def test_batch_control_cells_train_and_are_tabled(tmp_path):
         ("ramp", "0:256,1:512"),
         ("grow", "0:256,1:512"),
     ]
-    n = 1438
+    n = EXAMPLES  # fixed: 1 step an epoch; ramp and grow: 2, then 1
     assert [int(r["steps"]) for r in rows] == [2 * (n // 512)] + [n // 256 + n // 512] * 2
     assert read_csv(os.path.join(study_dir, "cells.csv"))[0]["key"] == rows[0]["key"]
     # The rate after each epoch (at e = 1, 2 epochs done), closed form: f(e) =
