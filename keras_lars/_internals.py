@@ -34,6 +34,20 @@ _DISTRIBUTION_FAULTS = {
 }
 
 
+# Keras 3.9 to 3.11's JAX train_step constrains the state it returns to the
+# shardings fit() records on the model (Trainer._record_training_state_sharding_spec:
+# the four lists below, read by _enforce_jax_state_sharding); 3.12 dropped both.
+# A train step lowered outside fit (tools/plan/hlo_bytes.py) sets them itself.
+# Verified on Keras 3.10.0 and 3.11.3 (3.9 runs no keras.distribution in the tool).
+RECORDED_STATE_SHARDINGS = ((3, 10), (3, 11))
+STATE_SHARDING_ATTRIBUTES = (
+    "_trainable_variable_shardings",
+    "_non_trainable_variable_shardings",
+    "_optimizer_variable_shardings",
+    "_metrics_variable_shardings",
+)
+
+
 class UnsupportedVersionError(RuntimeError):
     """A keras_lars feature needs Keras/TensorFlow internals (or a compat
     workaround) that this install does not have."""
@@ -145,3 +159,43 @@ def in_one_of_several_replicas():
     import tensorflow as tf
 
     return tf.distribute.get_replica_context() is not None and replicas_in_sync() > 1
+
+
+def record_state_shardings(model, shardings):
+    """Gives a JAX `model` the shardings (trainable, non-trainable, optimizer,
+    metrics: four lists) that its train_step constrains its returned state to,
+    where this Keras reads them from the model (RECORDED_STATE_SHARDINGS; fit
+    records them, a step lowered outside fit must). Elsewhere nothing is needed,
+    or UnsupportedVersionError says why not."""
+    trainer = type(model)
+    if not hasattr(trainer, "_enforce_jax_state_sharding"):
+        return
+    reason = problem(
+        "keras",
+        RECORDED_STATE_SHARDINGS,
+        lambda: (
+            first_mismatch(
+                (trainer, "_record_training_state_sharding_spec", ["self"]),
+                (trainer, "_clear_jax_state_sharding", ["self"]),
+            )
+            or _recorded_attributes_mismatch(trainer)
+        ),
+    )
+    if reason:
+        raise UnsupportedVersionError(
+            "lowering Keras's JAX train step outside fit needs the state shardings fit "
+            f"records, but {reason}: use "
+            f"{describe_versions('keras', RECORDED_STATE_SHARDINGS)} or Keras >= 3.12"
+        )
+    for name, part in zip(STATE_SHARDING_ATTRIBUTES, shardings, strict=True):
+        setattr(model, name, list(part))
+
+
+def _recorded_attributes_mismatch(trainer):
+    """None if the attributes fit records are STATE_SHARDING_ATTRIBUTES (those
+    Trainer._clear_jax_state_sharding sets to None), else what they are."""
+    probe = type("Probe", (), {})()
+    trainer._clear_jax_state_sharding(probe)
+    if tuple(vars(probe)) != STATE_SHARDING_ATTRIBUTES:
+        return f"fit records {', '.join(vars(probe))}"
+    return None

@@ -10,6 +10,7 @@ step with ring algorithms (hlo.py's docstring).
 
 # ruff: noqa: E501 (HLO lines as XLA prints them)
 
+import keras
 import pytest
 
 from keras_lars import _internals
@@ -110,7 +111,11 @@ def test_alexnet_model_parallel_bytes_follow_its_architecture():
     conv_biases = sum(c[-1] for c in convs)
     gathered = n * (2 * sum(conv_inputs) + 6 * 6 * 256)  # conv inputs twice, pool5 once
     gathered += n * (9216 + 4096 + 4096)  # the dense layers' input gradients
-    gathered_updates = 2 * (conv_biases + 4096 + 4096)  # split-gradient biases and slots
+    # Split-gradient biases and their slots; the biases alone on Keras 3.10 and 3.11,
+    # whose train step constrains its returned state (measured on the compiled step).
+    keras_minor = tuple(int(part) for part in keras.__version__.split(".")[:2])
+    copies = 1 if (3, 10) <= keras_minor <= (3, 11) else 2
+    gathered_updates = copies * (conv_biases + 4096 + 4096)
     reduced_activations = n * (sum(conv_inputs) + 4096 + 4096 + 1000)
     gradients = (kernels + conv_biases + 4096 + 4096) / m + 1000
     expected = {

@@ -11,7 +11,9 @@ layout in one line, nothing trained.
 
 import json
 import os
+import re
 
+import keras
 import pytest
 
 from keras_lars import _internals
@@ -106,6 +108,27 @@ def test_the_tool_names_the_layout_flag_in_its_one_line(tmp_path):
     with pytest.raises(ConfigError) as raised:
         runtime_jax.planned_layouts(path, SHAPES, 8)
     assert str(raised.value) == line + "."
+
+
+@requires_jax
+def test_keras_lays_out_exactly_the_variables_whose_path_a_regex_fullmatches():
+    """Keras up to 3.13 looks LayoutMap keys up with re.search (3.14 on with
+    re.fullmatch): unanchored, the kernel "conv1/kernel" of ResNet-50 would
+    lay out "stage1_block1_conv1/kernel" and 15 more 1x1 kernels as well."""
+    from keras_lars.tools.train import build
+    from keras_lars.tools.train import runtime_jax
+
+    shapes = build.variable_shapes(train.Config(model="resnet50", image_size=32), 10)
+    planned = layout_file.model_parallel_layouts(shapes, 2)
+    assert len(planned) == 18 and "stage1_block1_conv1/kernel" not in planned
+    mesh = keras.distribution.DeviceMesh((4, 2), ["batch", "model"], [f"cpu:{i}" for i in range(8)])
+    for layouts in ({re.escape(path): axes for path, axes in planned.items()}, planned):
+        mapped = runtime_jax.layout_map(mesh, layouts)
+        laid_out = {path: tuple(mapped[path].axes) for path in shapes if mapped[path] is not None}
+        assert laid_out == planned
+    user_file = runtime_jax.layout_map(mesh, {"conv1/.*": ("model",), "fc/kernel": (None, "model")})
+    laid_out = [path for path in shapes if user_file[path] is not None]
+    assert laid_out == ["conv1/kernel", "fc/kernel"]
 
 
 def test_the_layout_flag_needs_model_parallel_on_jax():

@@ -112,6 +112,7 @@ def compiled_text(case, layout_file=""):
     import numpy as np
 
     import keras_lars
+    from keras_lars import _internals
     from keras_lars.tools.train import build
     from keras_lars.tools.train import config as train_config
     from keras_lars.tools.train import runtime_jax
@@ -148,6 +149,7 @@ def compiled_text(case, layout_file=""):
         ),
     )
     shardings = tuple([array.sharding for array in part] for part in state)
+    _internals.record_state_shardings(model, shardings)  # Keras 3.10-3.11 read them
     step = jax.jit(model.train_step, donate_argnums=0, out_shardings=(None, shardings))
     text = step.lower(state, data).compile().as_text()
     keras.distribution.set_distribution(None)
@@ -166,7 +168,11 @@ def child(cases, layout_file=""):
             print(json.dumps({"case": case_text(case), "refused": problem}))
             continue
         start = time.perf_counter()
-        text = compiled_text(case, layout_file)
+        try:
+            text = compiled_text(case, layout_file)
+        except _internals.UnsupportedVersionError as error:
+            print(json.dumps({"case": case_text(case), "refused": str(error)}))
+            continue
         compile_seconds = time.perf_counter() - start
         moved = hlo.bytes_moved(text, case[2])
         print(json.dumps({"case": case_text(case), "compiled": moved, "seconds": compile_seconds}))

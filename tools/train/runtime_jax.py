@@ -248,10 +248,11 @@ def make_devices(config, variable_shapes):
         batch, layouts = len(devices) // size, layout_file.model_parallel_layouts(shapes, size)
         layouts = {re.escape(path): layout for path, layout in layouts.items()}
     mesh = keras.distribution.DeviceMesh((batch, size), ["batch", "model"], devices)
-    layout_map = keras.distribution.LayoutMap(mesh)
-    for pattern, layout in layouts.items():
-        layout_map[pattern] = layout
-    arguments = {"layout_map": layout_map, "batch_dim_name": "batch", "auto_shard_dataset": False}
+    arguments = {
+        "layout_map": layout_map(mesh, layouts),
+        "batch_dim_name": "batch",
+        "auto_shard_dataset": False,
+    }
     if "device_mesh" in inspect.signature(keras.distribution.ModelParallel).parameters:
         arguments["device_mesh"] = mesh  # Keras < 3.11
     distribution = keras.distribution.ModelParallel(**arguments)
@@ -263,6 +264,20 @@ def make_devices(config, variable_shapes):
     return Devices(
         distribution, batch, _describe(devices, f"batch {batch} x model {size}", sharded)
     )
+
+
+def layout_map(mesh, layouts):
+    """keras.distribution.LayoutMap of {regex: axes}, each regex anchored
+    (\\A(?:regex)\\Z) so that a variable path takes a layout when re.fullmatch
+    matches, as layout_file.py and the planner mean: Keras 3.14 on looks a path
+    up with re.fullmatch, Keras up to 3.13 with re.search, where "conv1/kernel"
+    also matches "stage1_block1_conv1/kernel" (on Keras 3.10, ResNet-50's
+    --distribution=model_parallel sharded 34 kernels, not the 18 planned, and
+    its compiled step moved 3.1x the planned bytes; 2026-12-04)."""
+    mapped = keras.distribution.LayoutMap(mesh)
+    for pattern, layout in layouts.items():
+        mapped[rf"\A(?:{pattern})\Z"] = layout
+    return mapped
 
 
 def planned_layouts(path, shapes, devices):
