@@ -160,7 +160,11 @@ def _commit():
 
 
 def _on_jax(case):
-    """Whether a junit test case runs Keras's JAX backend (the JAX road)."""
+    """Whether a junit test case runs Keras's JAX backend (the JAX road): its
+    `jax_road` property (tests/conftest.py, since 2026-12-04), else its id
+    names jax."""
+    if any(p.get("name") == "jax_road" for p in case.iter("property")):
+        return True
     name = f"{case.get('classname', '')}::{case.get('name', '')}".lower()
     return "jax" in name
 

@@ -399,6 +399,8 @@ def pytest_collection_modifyitems(config, items):
         if newest_only:
             item.add_marker(pytest.mark.newest_only_in_ci)
             item.user_properties.append(("newest_only_in_ci", newest_only))
+        if _on_jax_road(item):  # noxfile.py's JAX road column reads it from the report
+            item.user_properties.append(("jax_road", "runs Keras's JAX backend"))
         why = _why_slow(item)
         if why:
             item.add_marker(pytest.mark.slow)
@@ -406,6 +408,13 @@ def pytest_collection_modifyitems(config, items):
             if why.startswith("starts a process") and not item.get_closest_marker("subprocess"):
                 item.add_marker(pytest.mark.subprocess)
     items.sort(key=_order)  # stable: each unit's tests keep their order
+
+
+def _on_jax_road(item):
+    """Whether `item` runs Keras's JAX backend: it needs jax (requires_jax) or
+    its id names jax (the benchmarks' and JAX tests' cases)."""
+    needs_jax = any(mark.kwargs == requires_jax.kwargs for mark in item.iter_markers("skipif"))
+    return needs_jax or "jax" in item.nodeid.lower()
 
 
 _INHERITED = object()
