@@ -34,11 +34,12 @@ _DISTRIBUTION_FAULTS = {
 }
 
 
-# Keras 3.9 to 3.11's JAX train_step constrains the state it returns to the
+# Keras 3.8 to 3.11's JAX train_step constrains the state it returns to the
 # shardings fit() records on the model (Trainer._record_training_state_sharding_spec:
 # the four lists below, read by _enforce_jax_state_sharding); 3.12 dropped both.
 # A train step lowered outside fit (tools/plan/hlo_bytes.py) sets them itself.
-# Verified on Keras 3.10.0 and 3.11.3 (3.9 runs no keras.distribution in the tool).
+# Verified on Keras 3.10.0 and 3.11.3 (3.8 and 3.9 run no keras.distribution in
+# the tool).
 RECORDED_STATE_SHARDINGS = ((3, 10), (3, 11))
 STATE_SHARDING_ATTRIBUTES = (
     "_trainable_variable_shardings",

@@ -10,6 +10,8 @@ step with ring algorithms (hlo.py's docstring).
 
 # ruff: noqa: E501 (HLO lines as XLA prints them)
 
+import types
+
 import keras
 import pytest
 
@@ -176,6 +178,60 @@ def compiled():
         return {case: moved for case, (moved, _) in hlo_bytes.compile_cases(SUITE).items()}
     except hlo_bytes.RefusedError as error:
         return error.by_case
+
+
+class _Trainer:
+    """Keras 3.8-3.11's JAXTrainer, as far as record_state_shardings reads it."""
+
+    def _enforce_jax_state_sharding(self, *state):
+        return state
+
+    def _record_training_state_sharding_spec(self):
+        pass
+
+    def _clear_jax_state_sharding(self):
+        self._trainable_variable_shardings = None
+        self._non_trainable_variable_shardings = None
+        self._optimizer_variable_shardings = None
+        self._metrics_variable_shardings = None
+
+
+class _RenamedTrainer(_Trainer):
+    def _clear_jax_state_sharding(self):
+        self._state_shardings = None
+
+
+@requires_jax
+def test_the_state_shardings_are_recorded_where_keras_reads_them_else_refused(monkeypatch):
+    from keras.src.backend.jax.trainer import JAXTrainer
+
+    installed = tuple(int(part) for part in keras.__version__.split(".")[:2])
+    reads = hasattr(JAXTrainer, "_enforce_jax_state_sharding")
+    assert reads == (installed <= (3, 11)), keras.__version__  # 3.12 dropped it
+    monkeypatch.setattr(_internals, "installed_version", lambda package: (3, 10, 0))
+    model = _Trainer()
+    _internals.record_state_shardings(model, (("a",), ("b",), ("c", "d"), ()))
+    assert vars(model) == {
+        "_trainable_variable_shardings": ["a"],
+        "_non_trainable_variable_shardings": ["b"],
+        "_optimizer_variable_shardings": ["c", "d"],
+        "_metrics_variable_shardings": [],
+    }
+    with pytest.raises(
+        _internals.UnsupportedVersionError,
+        match=r"its target changed in Keras 3\.10\.0: fit records _state_shardings: use "
+        r"Keras 3\.10 to 3\.11 or Keras >= 3\.12$",
+    ):
+        _internals.record_state_shardings(_RenamedTrainer(), ((), (), (), ()))
+    monkeypatch.setattr(_internals, "installed_version", lambda package: (3, 9, 2))
+    with pytest.raises(
+        _internals.UnsupportedVersionError,
+        match=r"Keras 3\.9\.2 is outside the versions it was verified on \(3\.10 to 3\.11\)",
+    ):
+        _internals.record_state_shardings(_Trainer(), ((), (), (), ()))
+    plain = types.SimpleNamespace()  # Keras >= 3.12: nothing to record
+    _internals.record_state_shardings(plain, ((), (), (), ()))
+    assert vars(plain) == {}
 
 
 @requires_jax
