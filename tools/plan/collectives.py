@@ -228,6 +228,7 @@ def layout_bytes(model_name, image_size, global_batch, mesh, layouts, num_classe
     kept = _kept(nodes, layouts, m)
     states = _forward(nodes, layouts, m, kept)
     gathered = set()  # split tensors already gathered (XLA gathers one once)
+    update_gathers = gathers_per_update()
     for node in nodes:
         kernel, out_split, input_split, own_split = states[node.name]
         sharded = bool(kernel) and "model" in kernel
@@ -262,7 +263,7 @@ def layout_bytes(model_name, image_size, global_batch, mesh, layouts, num_classe
                 moved["all-reduce"] += _all_reduce(LARS_NORMS, b * m)
             elif out_split or whole_kernel_split_input:
                 moved["all-reduce"] += _all_reduce(size / m, b)
-                moved["all-gather"] += gathers_per_update() * _all_gather(size, m)
+                moved["all-gather"] += update_gathers * _all_gather(size, m)
             else:
                 moved["all-reduce"] += _all_reduce(size, b)
     return moved
