@@ -241,6 +241,8 @@ def test_the_planned_bytes_are_the_compiled_steps_within_2_percent(compiled, cas
     if problem:  # below Keras 3.10 the tool compiles no distribution: it says why
         assert compiled[case] == problem
         return
+    if isinstance(compiled[case], str):  # refused on a Keras we have not verified: its line
+        pytest.fail(compiled[case])
     planned, actual = hlo_bytes.planned(case), compiled[case]
     assert actual["reduce-scatter"] == 0  # XLA on CPU: all-reduce, all-gather, a few others
     assert sum(planned.values()) == pytest.approx(sum(actual.values()), rel=0.02), (
