@@ -75,7 +75,7 @@ FLOAT64_BOUND = 1e-5  # relative, as in largest_difference; measured 1.3e-6
 # the rerun that loaded it. jax 0.10.2 (every other pair) does not. Below 0.6 the tool's
 # processes compile their own steps.
 try:
-    _JAX = tuple(int(part) for part in importlib.metadata.version("jax").split(".")[:2])
+    _JAX = _internals._version(importlib.metadata.version("jax"))
 except importlib.metadata.PackageNotFoundError:  # the module's tests skip (requires_jax)
     _JAX = None
 CACHE_HANGS = _JAX is not None and _JAX < (0, 6)
