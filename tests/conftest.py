@@ -29,6 +29,7 @@ import atexit
 import builtins
 import dis
 import importlib
+import importlib.metadata
 import importlib.util
 import inspect
 import multiprocessing
@@ -408,6 +409,33 @@ def pytest_collection_modifyitems(config, items):
             if why.startswith("starts a process") and not item.get_closest_marker("subprocess"):
                 item.add_marker(pytest.mark.subprocess)
     items.sort(key=_order)  # stable: each unit's tests keep their order
+
+
+@pytest.hookimpl(optionalhook=True)  # xdist's, on the controller
+def pytest_xdist_node_collection_finished(node, ids):
+    """Under `--dist loadgroup`, stop unless xdist put each test in its unit:
+    see ungrouped."""
+    if node.config.getoption("dist") == "loadgroup":
+        line = ungrouped(ids)
+        if line:
+            pytest.exit(line, returncode=pytest.ExitCode.USAGE_ERROR)
+
+
+def ungrouped(node_ids):
+    """None where every node id ends in its xdist group (`id@group`, as
+    xdist's loadgroup writes it; every test here has one), else one line.
+    pytest 9.2 builds node ids from a structured id that xdist 3.8's
+    loadgroup does not write (it sets the old `_nodeid`): no suffix, every
+    test its own unit, and the several-process tests ran side by side
+    (pytest-xdist#1386; setup.cfg's test extra keeps pytest below 9.2)."""
+    for node_id in node_ids:
+        if node_id.rfind("@") <= node_id.rfind("]"):  # xdist's own reading
+            return (
+                f"--dist loadgroup: {node_id} carries no @group: pytest-xdist "
+                f"{importlib.metadata.version('pytest-xdist')} does not group tests on "
+                f"pytest {pytest.__version__} (pytest-xdist#1386): install pytest<9.2"
+            )
+    return None
 
 
 def _on_jax_road(item):

@@ -189,3 +189,12 @@ def test_the_tests_that_run_several_processes_share_one_work_unit():
         tests = importlib.import_module(f"tests.{module.removesuffix('.py')}")
         for name in fixtures or ():
             assert callable(getattr(tests, name, None)), (module, name)
+
+
+def test_a_run_whose_tests_xdist_did_not_group_is_stopped_in_one_line():
+    grouped = ["tests/test_a.py::test_b@test_a.py", "tests/test_c.py::test_d[x@y]@several"]
+    assert conftest.ungrouped(grouped) is None
+    for node_id in ("tests/test_a.py::test_b", "tests/test_c.py::test_d[x@y]"):
+        line = conftest.ungrouped([*grouped, node_id])
+        assert line.startswith(f"--dist loadgroup: {node_id} carries no @group: pytest-xdist ")
+        assert line.endswith(f"pytest {pytest.__version__} (pytest-xdist#1386): install pytest<9.2")
