@@ -8,6 +8,7 @@ signature it was written for. Otherwise the feature that needs it refuses
 with `UnsupportedVersionError`, naming the versions.
 """
 
+import importlib.metadata
 import inspect
 
 import keras
@@ -27,6 +28,23 @@ TENSORFLOW_VERIFIED = ((2, 17), (2, 21))
 #   device's in 2 of 3 runs by 0.134 (Keras 3.8.0, jax 0.5.3); Keras 3.10.0
 #   with the same jax and TensorFlow: 3 of 3 within 8e-6.
 DISTRIBUTION_SINCE = (3, 10)
+# From Keras 3.12 (which stopped constraining the state a JAX train_step returns
+# to recorded shardings: RECORDED_STATE_SHARDINGS), keras.distribution on JAX
+# needs jax 0.6 (TensorFlow 2.17 accepts jax 0.5.3 at most). Measured 2026-12-04,
+# TF 2.18.1, 8 simulated CPU devices, the tool's float64 data-parallel first step
+# against one device's: Keras 3.12.4 and 3.15.1 with jax 0.5.3 8.2e-3 (relative);
+# Keras 3.15.1 with jax 0.6.0 3.1e-6; Keras 3.10.0 and 3.11.3 with jax 0.5.3
+# 9.6e-15 each. On Keras 3.15.1 with jax 0.5.3 the model-parallel step also
+# left one device's (0.134) and a 2-process run's all-reduce failed.
+DISTRIBUTION_JAX_FLOOR = {(3, 12): (0, 6)}  # from this Keras on: at least this jax
+# Several processes (jax.distributed) need jax 0.6.2, on any Keras. Measured
+# 2026-12-04, TF 2.18.1, the tool's data-parallel float64 run in 2 processes x 4
+# simulated CPU devices: with jax 0.5.3 (Keras 3.10.0, 3.11.3, 3.15.1), 0.6.0 and
+# 0.6.1 (Keras 3.15.1) the processes' Gloo all-reduces paired messages of different
+# steps ("op.preamble.length <= op.nbytes. 73728 vs 128") and one process aborted;
+# with 0.6.2, 0.7.2 and 0.8.3 (Keras 3.15.1) the first step was within 3.2e-6 of
+# one device's.
+PROCESSES_JAX_FLOOR = (0, 6, 2)
 _DISTRIBUTION_FAULTS = {
     "model": "keeps the optimizer slots of sharded variables replicated, so model-parallel "
     "training differs from one device (keras PR #21264, fixed in Keras 3.10)",
@@ -55,9 +73,11 @@ class UnsupportedVersionError(RuntimeError):
 
 
 def installed_version(package):
-    """(major, minor, patch) of "keras" or "tensorflow"."""
+    """(major, minor, patch) of "keras", "tensorflow" or "jax"."""
     if package == "keras":
         return _version(keras.__version__)
+    if package == "jax":
+        return _version(importlib.metadata.version("jax"))
     import tensorflow as tf
 
     return _version(tf.__version__)
@@ -126,17 +146,33 @@ def sharded(variable):
     return any(axis is not None for axis in spec)
 
 
-def distribution_problem(parallelism):
-    """None where this Keras trains `parallelism` ("model" or "data") under
-    keras.distribution on JAX as on one device (DISTRIBUTION_SINCE), else why not."""
+def distribution_problem(parallelism, processes=1):
+    """None where this Keras and jax train `parallelism` ("model" or "data")
+    under keras.distribution on JAX, in `processes` processes (0: as many as
+    JAX detects), as on one device (DISTRIBUTION_SINCE, DISTRIBUTION_JAX_FLOOR,
+    PROCESSES_JAX_FLOOR), else why not."""
     version = installed_version("keras")
-    if version[:2] >= DISTRIBUTION_SINCE:
-        return None
-    since = dotted(DISTRIBUTION_SINCE)
-    return (
-        f"Keras {dotted(version)}'s JAX backend {_DISTRIBUTION_FAULTS[parallelism]}: "
-        f"use Keras >= {since}"
-    )
+    if version[:2] < DISTRIBUTION_SINCE:
+        return (
+            f"Keras {dotted(version)}'s JAX backend {_DISTRIBUTION_FAULTS[parallelism]}: "
+            f"use Keras >= {dotted(DISTRIBUTION_SINCE)}"
+        )
+    jax_version = installed_version("jax")
+    for since, floor in DISTRIBUTION_JAX_FLOOR.items():
+        if version[:2] >= since and jax_version[:2] < floor:
+            return (
+                f"Keras {dotted(version)}'s JAX backend with jax {dotted(jax_version)} trains "
+                f"{parallelism}-parallel steps differently from one device: use jax >= "
+                f"{dotted(floor)} (TensorFlow >= 2.18 accepts it) or Keras < {dotted(since)}"
+            )
+    if processes != 1 and jax_version < PROCESSES_JAX_FLOOR:
+        several = "several" if processes == 0 else processes
+        return (
+            f"jax {dotted(jax_version)} pairs the all-reduces of {several} processes "
+            f"wrongly (one aborts): use jax >= {dotted(PROCESSES_JAX_FLOOR)} "
+            "(TensorFlow >= 2.18 accepts it)"
+        )
+    return None
 
 
 def replicas_in_sync():

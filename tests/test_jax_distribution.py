@@ -50,7 +50,8 @@ def test_distributed_training_equals_one_device(results, optimizer, setup):
     problem = _internals.distribution_problem("model")
     if setup.startswith("model_parallel") and problem:
         # Keras < 3.10 keeps the slots of sharded variables replicated and
-        # trains differently (0.68 for LARS on 2x4): the optimizer refuses.
+        # trains differently (0.68 for LARS on 2x4), as Keras >= 3.12 does with
+        # jax < 0.6 (the tool's ResNet): the optimizer refuses.
         name = {"lars": "LARS", "lamb": "LAMB"}[optimizer]
         assert result == {
             "refused": f"{name} on variables sharded over a keras.distribution mesh: {problem}."
@@ -65,3 +66,44 @@ def test_distributed_training_equals_one_device(results, optimizer, setup):
         assert all(s == [None, "model"] for s in result["hidden_kernel_slot_shardings"])
     else:
         assert result["kernel_shardings"] == [[None, None], [None, None]]
+
+
+@pytest.mark.parametrize(
+    "keras, jax, processes, line",
+    [
+        (
+            (3, 8, 0),
+            (0, 5, 3),
+            1,
+            "Keras 3.8.0's JAX backend keeps the optimizer slots of sharded ",
+        ),
+        ((3, 10, 0), (0, 5, 3), 1, None),
+        ((3, 11, 3), (0, 5, 3), 1, None),
+        (
+            (3, 12, 0),
+            (0, 5, 3),
+            1,
+            "Keras 3.12.0's JAX backend with jax 0.5.3 trains model-parallel steps differently "
+            "from one device: use jax >= 0.6 (TensorFlow >= 2.18 accepts it) or Keras < 3.12",
+        ),
+        ((3, 15, 1), (0, 5, 9), 2, "Keras 3.15.1's JAX backend with jax 0.5.9 trains model-"),
+        ((3, 15, 1), (0, 6, 0), 1, None),
+        (
+            (3, 15, 1),
+            (0, 6, 1),
+            2,
+            "jax 0.6.1 pairs the all-reduces of 2 processes wrongly (one aborts): use jax >= "
+            "0.6.2 (TensorFlow >= 2.18 accepts it)",
+        ),
+        ((3, 10, 0), (0, 5, 3), 0, "jax 0.5.3 pairs the all-reduces of several processes "),
+        ((3, 15, 1), (0, 6, 2), 2, None),
+        ((3, 15, 1), (0, 10, 2), 0, None),
+    ],
+)
+def test_distributions_refuse_the_versions_that_train_differently(
+    keras, jax, processes, line, monkeypatch
+):
+    versions = {"keras": keras, "jax": jax}
+    monkeypatch.setattr(_internals, "installed_version", versions.__getitem__)
+    problem = _internals.distribution_problem("model", processes)
+    assert problem is None if line is None else problem.startswith(line), problem

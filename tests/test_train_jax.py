@@ -12,7 +12,6 @@ line) and a last rerun end bit for bit where an uninterrupted run ends.
 """
 
 import concurrent.futures
-import importlib.metadata
 import json
 import os
 import re
@@ -68,23 +67,11 @@ FLOAT64_TWO_STEPS = (*TWO_STEPS, "--precision=float64")
 FLOAT64_BOUND = 1e-5  # relative, as in largest_difference; measured 1.3e-6
 
 
-# jax 0.5.3 (the newest TensorFlow 2.17 accepts) hangs running a multi-device step it
-# loaded from the persistent compilation cache: measured 2026-12-04 on TF 2.17.1 /
-# Keras 3.15.1, the tool's data-parallel TWO_STEPS run on 8 devices took 28 s filling an
-# empty cache and hung (killed at 150 s; main thread in XLA's TfrtCpuBuffer::Delete) on
-# the rerun that loaded it. jax 0.10.2 (every other pair) does not. Below 0.6 the tool's
-# processes compile their own steps.
-try:
-    _JAX = _internals._version(importlib.metadata.version("jax"))
-except importlib.metadata.PackageNotFoundError:  # the module's tests skip (requires_jax)
-    _JAX = None
-CACHE_HANGS = _JAX is not None and _JAX < (0, 6)
-
-
 def jax_env(devices=8):
     """A JAX tool process's environment: `devices` simulated CPU devices and
     the session's compilation cache (tests/conftest.py), every step cached
-    (not on jax below 0.6: CACHE_HANGS)."""
+    (which the tool turns off for several devices on jax below 0.6:
+    runtime_jax.without_a_hanging_cache)."""
     environment = dict(
         os.environ,
         KERAS_BACKEND="jax",
@@ -92,12 +79,11 @@ def jax_env(devices=8):
         XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}",
         TF_CPP_MIN_LOG_LEVEL="2",
     )
-    if not CACHE_HANGS:
-        environment.update(
-            JAX_COMPILATION_CACHE_DIR=os.environ["KERAS_LARS_TEST_JAX_CACHE"],
-            JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
-            JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="0",
-        )
+    environment.update(
+        JAX_COMPILATION_CACHE_DIR=os.environ["KERAS_LARS_TEST_JAX_CACHE"],
+        JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
+        JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="0",
+    )
     return environment
 
 
@@ -239,27 +225,29 @@ def runs(tmp_path_factory):
         return dict(zip(setups, pool.map(run, setups)))
 
 
-def refusal(distribution):
-    """The one line in which the tool refuses --distribution on this Keras
-    (below keras_lars._internals.DISTRIBUTION_SINCE, 3.10), or None."""
-    problem = _internals.distribution_problem(distribution.split("_")[0])
+def refusal(distribution, processes=1):
+    """The one line in which the tool refuses --distribution in `processes`
+    processes on this Keras and jax (keras_lars._internals.distribution_problem),
+    or None."""
+    problem = _internals.distribution_problem(distribution.split("_")[0], processes)
     return problem and f"error: --distribution={distribution}: {problem}."
 
 
-DISTRIBUTION_OF = {
-    "data_parallel_8": "data_parallel",
-    "data_parallel_8_spe2": "data_parallel",
-    "model_parallel_2x4": "model_parallel",
-    "two_processes_x4": "data_parallel",
-    "uninterrupted": "data_parallel",
+DISTRIBUTION_OF = {  # setup: (--distribution, processes)
+    "data_parallel_8": ("data_parallel", 1),
+    "data_parallel_8_spe2": ("data_parallel", 1),
+    "model_parallel_2x4": ("model_parallel", 1),
+    "two_processes_x4": ("data_parallel", 2),
+    "uninterrupted": ("data_parallel", 2),
 }
 
 
-def assert_refused(run, distribution):
+def assert_refused(run, distribution, processes=1):
     """The run (model dir, status, output) ended in the one refusal line,
     with nothing trained."""
     model_dir, status, output = run
-    assert status == 1 and output.strip().splitlines()[-1] == refusal(distribution), output[-3000:]
+    line = refusal(distribution, processes)
+    assert status == 1 and output.strip().splitlines()[-1] == line, output[-3000:]
     assert not os.path.exists(os.path.join(model_dir, "checkpoints"))
 
 
@@ -269,8 +257,8 @@ def test_every_distribution_steps_as_one_device(runs, setup):
     reference_dir, status, output = runs["one_device_float64" if float64 else "one_device"]
     assert status == 0, output[-3000:]
     assert "--distribution=none: one device (cpu)" in output
-    if refusal(DISTRIBUTION_OF[setup]):
-        assert_refused(runs[setup], DISTRIBUTION_OF[setup])
+    if refusal(*DISTRIBUTION_OF[setup]):
+        assert_refused(runs[setup], *DISTRIBUTION_OF[setup])
         return
     model_dir, status, output = runs[setup]
     assert status == 0, output[-3000:]
@@ -309,8 +297,8 @@ def test_the_meshes_are_the_ones_asked_for(runs):
         "mesh batch",
     }
     for setup, line in described.items():
-        if refusal(DISTRIBUTION_OF[setup]):
-            assert_refused(runs[setup], DISTRIBUTION_OF[setup])
+        if refusal(*DISTRIBUTION_OF[setup]):
+            assert_refused(runs[setup], *DISTRIBUTION_OF[setup])
         else:
             assert line in runs[setup][2], (setup, runs[setup][2][-2000:])
 
@@ -327,8 +315,8 @@ def two_processes(model_dir, port, stop=None, after=None):
 def uninterrupted(runs):
     """The model dir of SHORT on 2 processes x 4 devices, run through (None
     where this Keras refuses data parallelism: both processes said so)."""
-    if refusal("data_parallel"):
-        assert_refused(runs["uninterrupted"], "data_parallel")
+    if refusal("data_parallel", 2):
+        assert_refused(runs["uninterrupted"], "data_parallel", 2)
         return None
     model_dir, status, output = runs["uninterrupted"]
     assert status == 0, output[-3000:]
@@ -479,8 +467,9 @@ def test_bad_jax_setups_are_one_line_naming_the_flag(flags, devices, line, tmp_p
     flags = [flag.replace("PORT", port) for flag in flags]
     status, output = finish(start([*SHORT, f"--model_dir={tmp_path}", *flags], devices))
     last = output.strip().splitlines()[-1]
-    (distribution,) = [f.split("=")[1] for f in flags if f.startswith("--distribution=")]
-    line = refusal(distribution) or line  # below Keras 3.10 the refusal comes first
+    settings = dict(flag[2:].split("=") for flag in flags)
+    refused = refusal(settings["distribution"], int(settings.get("num_processes", 1)))
+    line = refused or line  # where this Keras/jax refuse, that line comes first
     assert status == 1 and last.startswith(line.replace("PORT", port)), output[-3000:]
     assert not os.listdir(tmp_path) or os.listdir(tmp_path) == ["checkpoints"]
 
@@ -526,3 +515,31 @@ def test_a_batch_schedule_runs_on_jax_at_the_closed_form_rate(tmp_path):
         for s in steps
     ]
     np.testing.assert_allclose([h["learning_rate"] for h in history], expected, rtol=2e-6)
+
+
+@pytest.mark.parametrize("version, cached", [((0, 5, 3), False), ((0, 6, 0), True)])
+def test_a_cache_that_hangs_several_devices_is_off_with_one_line(
+    version, cached, monkeypatch, capsys, tmp_path
+):
+    import jax
+
+    from keras_lars.tools.train import runtime_jax
+
+    monkeypatch.setattr(_internals, "installed_version", {"jax": version}.__getitem__)
+    settings = ("jax_compilation_cache_dir", "jax_enable_compilation_cache")
+    before = [getattr(jax.config, name) for name in settings]
+    try:
+        jax.config.update(settings[0], str(tmp_path))
+        jax.config.update(settings[1], True)
+        runtime_jax.without_a_hanging_cache()
+        assert jax.config.jax_enable_compilation_cache is cached
+    finally:
+        for name, value in zip(settings, before):
+            jax.config.update(name, value)
+    assert capsys.readouterr().out == (
+        ""
+        if cached
+        else "warning: jax 0.5.3 can hang running a multi-device step it loaded from its "
+        f"persistent compilation cache: this run does not use {tmp_path} "
+        "(JAX_COMPILATION_CACHE_DIR); jax >= 0.6 does\n"
+    )

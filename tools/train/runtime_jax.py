@@ -57,9 +57,10 @@ class JaxRuntime:
         the other processes (interruptible), then joins jax.distributed."""
         if self.config.distribution != "none":
             parallelism = self.config.distribution.split("_")[0]  # "data" or "model"
-            problem = _internals.distribution_problem(parallelism)
+            problem = _internals.distribution_problem(parallelism, self.config.num_processes)
             if problem:
                 raise ConfigError(f"{self.flag}: {problem}.")
+            without_a_hanging_cache()
         try:
             with preemption.handling(action="stopping the wait for the other processes"):
                 meet_processes(self.config, stop=lambda: preemption.signal)
@@ -83,6 +84,30 @@ class JaxRuntime:
         """A JAX runtime error of a run in several processes: a collective
         across them failed (most likely, another process died)."""
         return isinstance(error, jax.errors.JaxRuntimeError) and jax.process_count() > 1
+
+
+# jax below 0.6 hangs running a multi-device step it loaded from its persistent
+# compilation cache: measured 2026-12-04 (jax 0.5.3, Keras 3.15.1, TF 2.17.1), the
+# tool's data-parallel run on 8 CPU devices filled an empty cache in 28 s, and the
+# rerun that loaded it hung (main thread in XLA's TfrtCpuBuffer::Delete, deaf to
+# SIGTERM); without a cache 14 s. One-device runs loaded it without a hang.
+CACHE_SAFE_SINCE = (0, 6)
+
+
+def without_a_hanging_cache():
+    """Turns the persistent compilation cache off (one line) for a run on
+    several devices where jax predates CACHE_SAFE_SINCE."""
+    directory = jax.config.jax_compilation_cache_dir
+    version = _internals.installed_version("jax")
+    if directory and jax.config.jax_enable_compilation_cache and version < CACHE_SAFE_SINCE:
+        jax.config.update("jax_enable_compilation_cache", False)
+        print(
+            f"warning: jax {_internals.dotted(version)} can hang running a multi-device step "
+            f"it loaded from its persistent compilation cache: this run does not use "
+            f"{directory} (JAX_COMPILATION_CACHE_DIR); jax >= "
+            f"{_internals.dotted(CACHE_SAFE_SINCE)} does",
+            flush=True,
+        )
 
 
 class _SyncPoint:
