@@ -236,8 +236,9 @@ class LayerwiseOptimizer(keras.optimizers.Optimizer):
     def build(self, variables):
         if self.built:
             return
-        problem = _internals.distribution_problem("model")
-        if problem and any(_internals.sharded(v) for v in variables):
+        sharded = any(_internals.sharded(v) for v in variables)  # on JAX only
+        problem = sharded and _internals.distribution_problem("model")
+        if problem:
             raise _internals.UnsupportedVersionError(
                 f"{type(self).__name__} on variables sharded over a keras.distribution mesh: "
                 f"{problem}."

@@ -327,3 +327,22 @@ def test_trust_ratio_of_non_finite_norms_is_nan():
 def test_infinite_hyperparameters_are_refused(build):
     with pytest.raises(ValueError, match="must be a finite number"):
         build()
+
+
+@pytest.mark.parametrize("optimizer", [keras_lars.LARS, keras_lars.LAMB])
+def test_the_optimizers_step_where_jax_is_not_installed(optimizer, monkeypatch):
+    """README's quick start installs no jax: building must not ask for its version
+    (only variables sharded over a JAX mesh need the JAX road's version check)."""
+    import importlib.metadata
+
+    installed = importlib.metadata.version
+
+    def version(name):
+        if name == "jax":
+            raise importlib.metadata.PackageNotFoundError(name)
+        return installed(name)
+
+    monkeypatch.setattr(importlib.metadata, "version", version)
+    variable = keras.Variable(np.ones((2, 3), "float32"))
+    optimizer(learning_rate=0.1).apply([keras.ops.ones((2, 3))], [variable])
+    assert np.all(np.asarray(variable) < 1)
