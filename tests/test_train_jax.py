@@ -72,19 +72,16 @@ def jax_env(devices=8):
     the session's compilation cache (tests/conftest.py), every step cached
     (which the tool turns off for several devices on jax below 0.6:
     runtime_jax.without_a_hanging_cache)."""
-    environment = dict(
+    return dict(
         os.environ,
         KERAS_BACKEND="jax",
         JAX_PLATFORMS="cpu",
         XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}",
         TF_CPP_MIN_LOG_LEVEL="2",
-    )
-    environment.update(
         JAX_COMPILATION_CACHE_DIR=os.environ["KERAS_LARS_TEST_JAX_CACHE"],
         JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
         JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="0",
     )
-    return environment
 
 
 def start(args, devices=8, **environment):
@@ -315,8 +312,8 @@ def two_processes(model_dir, port, stop=None, after=None):
 def uninterrupted(runs):
     """The model dir of SHORT on 2 processes x 4 devices, run through (None
     where this Keras refuses data parallelism: both processes said so)."""
-    if refusal("data_parallel", 2):
-        assert_refused(runs["uninterrupted"], "data_parallel", 2)
+    if refusal(*DISTRIBUTION_OF["uninterrupted"]):
+        assert_refused(runs["uninterrupted"], *DISTRIBUTION_OF["uninterrupted"])
         return None
     model_dir, status, output = runs["uninterrupted"]
     assert status == 0, output[-3000:]
