@@ -1,7 +1,8 @@
 """Reference model definitions for large-batch training.
 
 ResNet-18/34/50/101/152 (v1.5 by default, v1 as an option), single-tower
-AlexNet and AlexNet-BN, as functional `keras.Model`s that output logits.
+AlexNet and AlexNet-BN, and Shallue et al.'s simple CNN, as functional
+`keras.Model`s that output logits.
 Installed as `keras_lars.models` (the repository keeps them in models/).
 """
 
@@ -20,6 +21,7 @@ from keras_lars.models.resnet import resnet34
 from keras_lars.models.resnet import resnet50
 from keras_lars.models.resnet import resnet101
 from keras_lars.models.resnet import resnet152
+from keras_lars.models.simple_cnn import simple_cnn
 
 # The reference models by name: the training tool's --model and the planner's
 # --model both take their choices from here.
@@ -31,7 +33,26 @@ BUILDERS = {
     "resnet152": resnet152,
     "alexnet": alexnet,
     "alexnet_bn": alexnet_bn,
+    "simple_cnn": simple_cnn,
 }
+
+
+# What the tool and the planner ask of a model: the ones without batch norm
+# (no `sync_batch_norm` argument), and the ones that pool globally, so that
+# one model takes every image size (the others flatten a map of one size).
+WITHOUT_BATCH_NORM = frozenset({"alexnet", "simple_cnn"})
+GLOBAL_POOLING = frozenset({"resnet18", "resnet34", "resnet50", "resnet101", "resnet152"})
+
+
+def has_batch_norm(name):
+    """Whether BUILDERS[name] has batch norm (and takes `sync_batch_norm`)."""
+    return name not in WITHOUT_BATCH_NORM
+
+
+def takes_any_image_size(name):
+    """Whether BUILDERS[name] pools globally (GLOBAL_POOLING)."""
+    return name in GLOBAL_POOLING
+
 
 __all__ = [
     "BUILDERS",
@@ -43,4 +64,7 @@ __all__ = [
     "resnet50",
     "resnet101",
     "resnet152",
+    "simple_cnn",
+    "has_batch_norm",
+    "takes_any_image_size",
 ]

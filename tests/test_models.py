@@ -322,8 +322,78 @@ def test_sync_batch_norm(builder):
         (lambda: models.resnet50(float32_logits="yes"), "float32_logits"),
         (lambda: models.alexnet_bn(sync_batch_norm=None), "sync_batch_norm"),
         (lambda: models.resnet50(name=""), "name"),
+        (lambda: models.simple_cnn(num_classes=0), "num_classes"),
+        (lambda: models.simple_cnn(input_shape=(3, 28, 1)), "input_shape"),
+        (lambda: models.simple_cnn(filters=(32,)), "filters"),
+        (lambda: models.simple_cnn(filters=(32, 0)), "filters"),
+        (lambda: models.simple_cnn(filters="32,64"), "filters"),
+        (lambda: models.simple_cnn(hidden_units=0), "hidden_units"),
+        (lambda: models.simple_cnn(hidden_units=2.0), "hidden_units"),
     ],
 )
 def test_bad_arguments_raise_value_error(build, argument):
     with pytest.raises(ValueError, match=f"`{argument}`"):
         build()
+
+
+def test_simple_cnn_parameter_count_by_hand():
+    """The module docstring's sums: conv 5x5 32, 64 and fc 1024 on 28x28."""
+    conv = lambda c_in, c_out: 5 * 5 * c_in * c_out + c_out  # noqa: E731
+    fc = lambda n_in, n_out: n_in * n_out + n_out  # noqa: E731
+    for channels, expected in ((3, 3_276_234), (1, 3_274_634)):
+        model = models.simple_cnn(num_classes=10, input_shape=(28, 28, channels))
+        by_hand = conv(channels, 32) + conv(32, 64) + fc(7 * 7 * 64, 1024) + fc(1024, 10)
+        assert trainable_count(model) == by_hand == expected
+
+
+def _numpy_conv_same(x, kernel, bias):
+    """'same' 2-D convolution (cross-correlation, stride 1) of NHWC `x`."""
+    k = kernel.shape[0]
+    pad = (k - 1) // 2
+    padded = np.pad(x, ((0, 0), (pad, k - 1 - pad), (pad, k - 1 - pad), (0, 0)))
+    height, width = x.shape[1:3]
+    out = np.zeros(x.shape[:3] + (kernel.shape[-1],))
+    for i in range(k):
+        for j in range(k):
+            out += padded[:, i : i + height, j : j + width, :] @ kernel[i, j]
+    return out + bias
+
+
+def _numpy_pool(x):
+    n, h, w, c = x.shape
+    return x[:, : h // 2 * 2, : w // 2 * 2].reshape(n, h // 2, 2, w // 2, 2, c).max(axis=(2, 4))
+
+
+def test_simple_cnn_equals_its_layers_in_numpy():
+    """The forward pass against the module docstring's layers written in numpy
+    (float64) from the model's own weights: conv-ReLU-pool twice, fc-ReLU, fc."""
+    model = models.simple_cnn(
+        num_classes=5, input_shape=(12, 12, 2), filters=(3, 4), hidden_units=6
+    )
+    rng = np.random.default_rng(7)
+    for variable in model.trainable_variables:  # biases too, so that they count
+        variable.assign(rng.normal(size=variable.shape).astype("float32") * 0.3)
+    x = rng.normal(size=(3, 12, 12, 2)).astype("float32")
+    w = {v.path: np.asarray(v, dtype="float64") for v in model.trainable_variables}
+    h = x.astype("float64")
+    for i in (1, 2):
+        h = _numpy_pool(
+            np.maximum(_numpy_conv_same(h, w[f"conv{i}/kernel"], w[f"conv{i}/bias"]), 0)
+        )
+    assert h.shape == (3, 3, 3, 4)
+    h = np.maximum(h.reshape(3, -1) @ w["fc1/kernel"] + w["fc1/bias"], 0)
+    expected = h @ w["fc2/kernel"] + w["fc2/bias"]
+    np.testing.assert_allclose(np.asarray(model(x)), expected, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("builder", sorted(models.BUILDERS))
+def test_model_kinds_match_the_built_models(builder, small):
+    """has_batch_norm and takes_any_image_size, which the tool and the planner
+    read, against the layers of the built model."""
+    layers = small(builder).layers
+    assert models.has_batch_norm(builder) == any(
+        isinstance(layer, keras.layers.BatchNormalization) for layer in layers
+    )
+    assert models.takes_any_image_size(builder) == any(
+        isinstance(layer, keras.layers.GlobalAveragePooling2D) for layer in layers
+    )

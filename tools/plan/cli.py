@@ -9,6 +9,7 @@ from keras_lars import BatchSchedule
 from keras_lars.batch_schedule import parse_phases
 from keras_lars.layerwise import ALLREDUCE_DTYPES
 from keras_lars.models import BUILDERS
+from keras_lars.models import takes_any_image_size
 from keras_lars.recipes import IMAGENET_TRAIN_EXAMPLES
 from keras_lars.tools import settings
 from keras_lars.tools.plan import layout_file
@@ -99,7 +100,11 @@ def _schedule_problem(value, config, schedule_flag):
         return "needs --epochs > 0 (0: the recipe's epochs, which are for one batch)"
     problem = phases_problem(value, config, schedule_flag, "epochs", IMAGE_SIZE_CHECK)
     resizing = value and schedule_flag == "image_size_schedule"
-    if not problem and resizing and not config.model.startswith("resnet"):
+    if (
+        not problem
+        and resizing
+        and not (config.model in BUILDERS and takes_any_image_size(config.model))
+    ):
         return f"needs a resnet --model (global pooling takes any size), not {config.model}"
     return problem
 

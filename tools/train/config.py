@@ -85,7 +85,7 @@ def _schedule_problem(value, config, schedule_flag):
         return "counts epochs: leave --train_steps at 0 and give --train_epochs"
     problem = phases_problem(value, config, schedule_flag, "train_epochs", between(8, 4096))
     resizing = value and schedule_flag == "image_size_schedule"
-    if not problem and resizing and config.model.startswith("alexnet"):
+    if not problem and resizing and not models.takes_any_image_size(config.model):
         return f"--model={config.model} flattens a feature map of one size; use a resnet"
     return problem
 
@@ -354,7 +354,8 @@ class Config:
         False,
         "Batch-norm statistics over all replicas.",
         check=_needs(
-            lambda value, c: not (value and c.model == "alexnet"), "alexnet has no batch norm"
+            lambda value, c: not value or models.has_batch_norm(c.model),
+            "the --model has no batch norm",
         ),
     )
     model_dir: str = setting(
