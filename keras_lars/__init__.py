@@ -20,6 +20,7 @@ from keras_lars.distribute import make_strategy
 from keras_lars.lamb import LAMB
 from keras_lars.lars import LARS
 from keras_lars.layerwise import trust_ratio
+from keras_lars.noise_scale import NoiseScaleMonitor
 from keras_lars.recipes import LarsRecipe
 from keras_lars.recipes import epochs_to_steps
 from keras_lars.recipes import linear_scaling
@@ -39,6 +40,7 @@ __all__ = [
     "Phase",
     "EpochWarmupPolyDecay",
     "TrustRatioMonitor",
+    "NoiseScaleMonitor",
     "DivergenceGuard",
     "NonFiniteLossError",
     "LarsRecipe",

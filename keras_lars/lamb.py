@@ -53,7 +53,20 @@ class LAMB(LayerwiseOptimizer):
         allreduce_dtype: None, "float32", "bfloat16" or "float16": the
             precision of the cross-replica gradient sum under a tf.distribute
             strategy (`LayerwiseOptimizer._all_reduce_sum_gradients`).
+        noise_scale_batch_size: None, or the global batch size of one
+            training step (one micro-batch, all replicas together): measure
+            the gradient noise scale B_simple (`keras_lars.noise_scale`),
+            read with `noise_scale_stats()` or `keras_lars.NoiseScaleMonitor`.
+            Needs >= 2 tf.distribute replicas or `gradient_accumulation_steps`.
+        noise_scale_decay: float in [0, 1), the decay of the moving averages
+            of |G|^2 and tr(Sigma) (0.99 by default).
         **kwargs: Keras's base optimizer arguments, except `weight_decay`.
+
+    With `gradient_accumulation_steps=k` an update averages k micro-batches'
+    gradients and equals one step on their whole batch (no batch norm; batch
+    norm normalises each micro-batch with its own statistics); t above and a
+    `LearningRateSchedule` count applied updates. Not under several
+    tf.distribute replicas (ValueError).
     """
 
     def __init__(

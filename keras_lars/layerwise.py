@@ -23,6 +23,7 @@ from keras import ops
 
 from keras_lars import _internals
 from keras_lars import distribute
+from keras_lars import noise_scale
 from keras_lars._internals import KERAS_VERIFIED
 from keras_lars.validation import check_bool
 from keras_lars.validation import check_number
@@ -142,6 +143,8 @@ class LayerwiseOptimizer(keras.optimizers.Optimizer):
         record_trust_ratios,
         name,
         allreduce_dtype=None,
+        noise_scale_batch_size=None,
+        noise_scale_decay=0.99,
         **kwargs,
     ):
         if kwargs.get("weight_decay") is not None:  # pragma: no cover
@@ -176,6 +179,72 @@ class LayerwiseOptimizer(keras.optimizers.Optimizer):
                 f"(the TensorFlow backend), not on {keras.backend.backend()!r}."
             )
         self.allreduce_dtype = allreduce_dtype
+        self.noise_scale_estimator = None
+        self.noise_scale_batch_size = noise_scale_batch_size
+        self.noise_scale_decay = check_number(
+            "noise_scale_decay", noise_scale_decay, at_least=0.0, below=1.0
+        )
+        if noise_scale_batch_size is not None:
+            self.noise_scale_estimator = noise_scale.NoiseScaleEstimator(
+                noise_scale_batch_size, noise_scale_decay
+            )
+            self.noise_scale_estimator.check_backend(self.gradient_accumulation_steps)
+
+    def _get_current_learning_rate(self):
+        """Keras's rate, except that with `gradient_accumulation_steps` a
+        `LearningRateSchedule` is called with the number of applied updates
+        (`iterations`, which Keras floor-divides by the steps) instead of the
+        micro-batches (`_iterations`, what Keras 3.8 to 3.15 pass): the rate
+        of applied update n is schedule(n), as without accumulation."""
+        schedule = getattr(self, "_learning_rate", None)
+        if self.gradient_accumulation_steps and isinstance(
+            schedule, keras.optimizers.schedules.LearningRateSchedule
+        ):
+            return schedule(self.iterations)
+        return super()._get_current_learning_rate()
+
+    def _backend_apply_gradients(self, grads, trainable_variables):
+        """Keras's apply, after feeding each micro-batch's gradients to
+        the noise-scale estimate when it measures from micro-batches (see
+        `keras_lars.noise_scale.NoiseScaleEstimator`). Its variables are
+        assigned before Keras's JAX apply takes the optimizer state that it
+        keeps on the micro-batches that apply no update."""
+        replicas = _internals.replicas_in_sync()
+        self._check_accumulation(replicas)
+        estimator = self.noise_scale_estimator
+        if estimator is not None:
+            estimator.check_replicas(self.gradient_accumulation_steps, replicas)
+            if not _internals.in_one_of_several_replicas():
+                estimator.on_micro_batch(self, grads, trainable_variables)
+        return super()._backend_apply_gradients(grads, trainable_variables)
+
+    def _check_accumulation(self, replicas):
+        """Refuses `gradient_accumulation_steps` under several tf.distribute
+        replicas: Keras 3.8 to 3.15 all-reduce the gradients inside the
+        tf.cond that picks the update step, which tf.distribute refuses
+        ("`merge_call` called while defining a new graph"; Keras's own SGD
+        fails the same way, checked on Keras 3.8.0 and 3.15.1 with TF 2.21)."""
+        if self.gradient_accumulation_steps and replicas > 1:
+            raise ValueError(
+                f"`gradient_accumulation_steps={self.gradient_accumulation_steps}` under a "
+                f"tf.distribute strategy of {replicas} replicas: Keras all-reduces inside "
+                "the tf.cond of its update step, which tf.distribute refuses; accumulate on "
+                "one device or on the JAX backend, or use a larger global batch."
+            )
+
+    def noise_scale_stats(self):
+        """{"noise_scale": B_simple, "noise_scale_gradient_sq": |G|^2,
+        "noise_scale_trace": tr(Sigma)}, smoothed and bias-corrected, after
+        the last applied update (nan before the first); needs
+        `noise_scale_batch_size`. See `keras_lars.noise_scale`."""
+        if self.noise_scale_estimator is None:
+            raise ValueError(
+                f"Optimizer {self.name!r} does not measure the gradient noise scale: "
+                "construct it with `noise_scale_batch_size`."
+            )
+        if not self.built:
+            return dict.fromkeys(noise_scale.LOG_KEYS, float("nan"))
+        return self.noise_scale_estimator.stats()
 
     def _clip_gradients(self, grads):
         """Keras's clipping (clipnorm, global_clipnorm, clipvalue), except
@@ -220,10 +289,15 @@ class LayerwiseOptimizer(keras.optimizers.Optimizer):
         clipping is set (see `_clips_after_all_reduce`)."""
         clip = self._clips_after_all_reduce()
         reduce = super()._all_reduce_sum_gradients
+        local_grads = [g for g, _ in grads_and_vars]
         if self.allreduce_dtype in (None, "float32") or _internals.replicas_in_sync() <= 1:
             grads_and_vars = reduce(grads_and_vars)
         else:
             grads_and_vars = distribute.all_reduce_in(self.allreduce_dtype, reduce, grads_and_vars)
+        if self.noise_scale_estimator is not None and _internals.in_one_of_several_replicas():
+            self.noise_scale_estimator.on_all_reduce(
+                self, local_grads, [g for g, _ in grads_and_vars]
+            )
         if not clip:
             return grads_and_vars
         grads = super()._clip_gradients([g for g, _ in grads_and_vars])
@@ -244,6 +318,12 @@ class LayerwiseOptimizer(keras.optimizers.Optimizer):
                 f"{problem}."
             )
         super().build(variables)
+        self._check_accumulation(_internals.replicas_in_sync())
+        if self.noise_scale_estimator is not None:
+            self.noise_scale_estimator.check_replicas(
+                self.gradient_accumulation_steps, _internals.replicas_in_sync()
+            )
+            self.noise_scale_estimator.build(self)
         self._decays = []
         self._adapts = []
         for variable in variables:
@@ -345,6 +425,8 @@ class LayerwiseOptimizer(keras.optimizers.Optimizer):
                 "exclude_rank_one": self.exclude_rank_one,
                 "record_trust_ratios": self.record_trust_ratios,
                 "allreduce_dtype": self.allreduce_dtype,
+                "noise_scale_batch_size": self.noise_scale_batch_size,
+                "noise_scale_decay": self.noise_scale_decay,
             }
         )
         return config

@@ -1,0 +1,307 @@
+"""The gradient noise scale B_simple (McCandlish et al. 2018, arXiv:1812.06162).
+
+For the mean gradient G_b of b examples drawn from a data set with true
+gradient G and per-example covariance Sigma,
+
+    E[|G_b|^2] = |G|^2 + tr(Sigma) / b,
+
+so two squared norms taken at the same weights, N_small at batch b and
+N_big at batch B > b, give unbiased estimates (the paper's appendix A.1):
+
+    |G|^2     ~ (B * N_big - b * N_small) / (B - b)
+    tr(Sigma) ~ (N_small - N_big) / (1/b - 1/B)
+
+and the simple noise scale, the batch size beyond which larger batches
+stop paying off, is
+
+    B_simple = tr(Sigma) / |G|^2.
+
+With S small gradients g_1..g_S of b examples each whose mean is the big
+one (B = S * b), N_small = mean_s |g_s|^2 and N_big = |mean_s g_s|^2.
+
+The two estimates are very noisy step to step (|G|^2 can come out
+negative), and the ratio of noisy estimates is biased, so each estimate is
+smoothed separately with an exponential moving average and B_simple is the
+ratio of the averages (as in the paper). The averages start at 0 and are
+bias-corrected like Adam's moments, avg_t / (1 - decay^t) after t
+measurements, so that the first readings are not pulled towards 0; the
+correction cancels in B_simple.
+
+The optimizers measure it without an extra forward or backward pass (see
+`NoiseScaleEstimator` for where the two gradient sizes come from), and
+`NoiseScaleMonitor` puts the readings into the training logs.
+"""
+
+import inspect
+import math
+
+import keras
+from keras import ops
+
+from keras_lars import _internals
+from keras_lars._internals import KERAS_VERIFIED
+from keras_lars.validation import check_integer
+from keras_lars.validation import check_number
+
+# The keys of `NoiseScaleEstimator.stats()` and of the logs `NoiseScaleMonitor` fills.
+LOG_KEYS = ("noise_scale", "noise_scale_gradient_sq", "noise_scale_trace")
+
+
+# --- pure estimators (numpy, Python floats or keras tensors) ---------------
+def squared_norm(tensors):
+    """sum_i |t_i|^2 over a list of tensors (None skipped), in float32."""
+    return sum(ops.sum(ops.square(ops.cast(t, "float32"))) for t in tensors if t is not None)
+
+
+def gradient_norm_sq_estimate(small_norm_sq, big_norm_sq, small_batch, big_batch):
+    """Unbiased |G|^2 from N_small at batch b and N_big at batch B > b:
+
+    |G|^2 ~ (B * N_big - b * N_small) / (B - b)
+    """
+    return (big_batch * big_norm_sq - small_batch * small_norm_sq) / (big_batch - small_batch)
+
+
+def trace_estimate(small_norm_sq, big_norm_sq, small_batch, big_batch):
+    """Unbiased tr(Sigma), the summed per-example gradient variance:
+
+    tr(Sigma) ~ (N_small - N_big) / (1/b - 1/B)
+    """
+    return (small_norm_sq - big_norm_sq) / (1.0 / small_batch - 1.0 / big_batch)
+
+
+def simple_noise_scale(gradient_norm_sq, trace):
+    """B_simple = tr(Sigma) / |G|^2 (in examples)."""
+    return trace / gradient_norm_sq
+
+
+def ema_update(average, value, decay):
+    """avg <- decay * avg + (1 - decay) * value."""
+    return decay * average + (1.0 - decay) * value
+
+
+def debiased(average, decay, count):
+    """avg_t / (1 - decay^t) after t >= 1 updates from 0 (Adam's bias
+    correction); nan before the first."""
+    return average / (1.0 - decay**count) if count > 0 else float("nan")
+
+
+# --- measurement inside the optimizers --------------------------------------
+class NoiseScaleEstimator:
+    """The noise-scale state of one optimizer and the hooks that feed it.
+
+    Where the two gradient sizes come from, with `batch_size` m the global
+    batch of one training step (what `model.fit` is given: one micro-batch,
+    all replicas together) and k = `gradient_accumulation_steps`:
+
+    - under a tf.distribute strategy with R >= 2 replicas (TensorFlow
+      backend; MirroredStrategy, MultiWorkerMirroredStrategy): small = each
+      replica's gradient (batch b = m/R; Keras's scale_loss divides each
+      replica's loss by R, so it is R times the partial gradient the
+      optimizer sees), big = their all-reduced mean (B = m). Measured in the
+      optimizer's cross-replica sum, with one scalar all-reduce more for
+      mean_r |g_r|^2. (Keras cannot accumulate under several replicas: see
+      `LayerwiseOptimizer._check_accumulation`.)
+    - otherwise with `gradient_accumulation_steps` = k >= 2 (any backend
+      Keras accumulates on; verified on TensorFlow and JAX): small = each
+      micro-batch's gradient (b = m), big = their mean at the update step
+      (B = k*m). |g_j|^2 is summed into a variable at each micro-batch.
+
+    One device without accumulation has one gradient size only: there it
+    raises ValueError. The loss must be a mean over the batch (Keras's
+    default "sum_over_batch_size"), so that a gradient is a mean of
+    per-example gradients.
+
+    Four float32 scalar optimizer variables hold the state (saved in
+    checkpoints; a resumed run goes on exactly): the number of measurements
+    t, the two moving averages (not yet bias-corrected) and the micro-batch
+    sum of |g_j|^2. `stats()` reads the bias-corrected values.
+    """
+
+    def __init__(self, batch_size, decay):
+        self.batch_size = check_integer("noise_scale_batch_size", batch_size, at_least=1)
+        self.decay = check_number("noise_scale_decay", decay, at_least=0.0, below=1.0)
+        self.count = self.gradient_sq = self.trace = self.small_sum = None
+
+    def check_backend(self, accumulation_steps):
+        """Refuses the backends (and set-ups) where it cannot be measured."""
+        backend = keras.backend.backend()
+        if backend not in ("tensorflow", "jax"):
+            raise ValueError(
+                f"`noise_scale_batch_size` is measured on the TensorFlow and JAX backends, "
+                f"not on {backend!r}."
+            )
+        if backend == "jax" and not accumulation_steps:
+            raise ValueError(
+                "`noise_scale_batch_size` on the JAX backend needs "
+                "`gradient_accumulation_steps` >= 2: the noise scale compares the "
+                "micro-batches' gradients with their mean."
+            )
+        reason = _internals.problem("keras", KERAS_VERIFIED, _shape)
+        if reason:
+            raise _internals.UnsupportedVersionError(
+                f"`noise_scale_batch_size` hooks into Keras's optimizer, but {reason}. "
+                f"Use {_internals.describe_versions('keras', KERAS_VERIFIED)}."
+            )
+
+    def check_replicas(self, accumulation_steps, replicas):
+        """Refuses one replica without accumulation (one gradient size)."""
+        if not accumulation_steps and replicas < 2:
+            raise ValueError(
+                "`noise_scale_batch_size` needs two gradient sizes at the same weights, but "
+                "this optimizer sees one gradient per update: set "
+                "`gradient_accumulation_steps` >= 2, or train under a tf.distribute "
+                "strategy with >= 2 replicas."
+            )
+
+    def build(self, optimizer):
+        def scalar(name):
+            return optimizer.add_variable(
+                shape=(),
+                initializer="zeros",
+                dtype="float32",
+                aggregation="only_first_replica",
+                name=name,
+            )
+
+        self.count = scalar("noise_scale_count")
+        self.gradient_sq = scalar("noise_scale_gradient_sq_average")
+        self.trace = scalar("noise_scale_trace_average")
+        self.small_sum = scalar("noise_scale_micro_batch_norm_sq_sum")
+
+    def _record(self, measured, small_norm_sq, big_norm_sq, small_batch, big_batch):
+        """Moves the averages where `measured` (a boolean tensor) is true."""
+        gradient_sq = gradient_norm_sq_estimate(small_norm_sq, big_norm_sq, small_batch, big_batch)
+        trace = trace_estimate(small_norm_sq, big_norm_sq, small_batch, big_batch)
+        for variable, value in ((self.gradient_sq, gradient_sq), (self.trace, trace)):
+            variable.assign(
+                ops.where(measured, ema_update(variable.value, value, self.decay), variable.value)
+            )
+        self.count.assign(self.count.value + ops.cast(measured, "float32"))
+
+    def on_micro_batch(self, optimizer, grads, trainable_variables):
+        """Called by the optimizer's `_backend_apply_gradients` with each
+        micro-batch's gradients, before Keras adds them to its accumulators
+        (`_accumulated_gradients`, the sum of this update's earlier ones)."""
+        steps = optimizer.gradient_accumulation_steps
+        small_sum = self.small_sum.value + squared_norm(grads)
+        is_update = ops.equal((optimizer._iterations + 1) % steps, 0)
+        accumulated = [
+            optimizer._accumulated_gradients[optimizer._get_variable_index(v)]
+            for v in trainable_variables
+        ]
+
+        def big_norm_sq():
+            return squared_norm(
+                [(g + ops.convert_to_tensor(a)) / steps for g, a in zip(grads, accumulated)]
+            )
+
+        big = ops.cond(is_update, big_norm_sq, lambda: ops.zeros((), "float32"))
+        m = float(self.batch_size)
+        self._record(is_update, small_sum / steps, big, m, steps * m)
+        self.small_sum.assign(ops.where(is_update, ops.zeros_like(small_sum), small_sum))
+
+    def on_all_reduce(self, optimizer, local_grads, reduced_grads):
+        """Called in replica context with one replica's gradients (each
+        g_r / R) and their all-reduced sum (the update's mean gradient)."""
+        replicas = _internals.replicas_in_sync()
+        local = squared_norm(local_grads) * float(replicas**2)  # |g_r|^2
+        small = _sum_over_replicas(local) / replicas
+        big = squared_norm(reduced_grads)
+        global_batch = float(self.batch_size)
+        self._record(True, small, big, global_batch / replicas, global_batch)
+
+    def stats(self):
+        """{"noise_scale": B_simple, "noise_scale_gradient_sq": |G|^2,
+        "noise_scale_trace": tr(Sigma)} from the bias-corrected averages
+        (Python floats; nan before the first measurement)."""
+        count = float(ops.convert_to_numpy(self.count))
+        gradient_sq = debiased(float(ops.convert_to_numpy(self.gradient_sq)), self.decay, count)
+        trace = debiased(float(ops.convert_to_numpy(self.trace)), self.decay, count)
+        if math.isnan(gradient_sq) or gradient_sq == 0:
+            scale = float("nan")
+        else:
+            scale = simple_noise_scale(gradient_sq, trace)
+        return dict(zip(LOG_KEYS, (scale, gradient_sq, trace)))
+
+
+def _sum_over_replicas(value):
+    """The sum of a scalar over the replicas (replica context, TensorFlow)."""
+    import tensorflow as tf
+
+    context = tf.distribute.get_replica_context()
+    return context.all_reduce(tf.distribute.ReduceOp.SUM, value)
+
+
+def _shape():
+    """None if Keras's optimizer still has what the measurement and the
+    accumulated schedule rely on, else what differs: `_backend_apply_gradients`
+    sees each micro-batch's gradients, `_accumulated_gradients` holds their sum
+    so far, `_iterations` counts micro-batches (verified on Keras 3.8.0 and 3.15.1)."""
+    checks = [
+        (keras.optimizers.Optimizer, "_backend_apply_gradients", None),
+        (keras.optimizers.Optimizer, "_get_current_learning_rate", ["self"]),
+        (keras.optimizers.Optimizer, "_get_variable_index", ["self", "variable"]),
+    ]
+    if keras.backend.backend() == "tensorflow":
+        from keras.src.backend.tensorflow.optimizer import TFOptimizer
+
+        checks.append((TFOptimizer, "_all_reduce_sum_gradients", ["self", "grads_and_vars"]))
+    found = _internals.first_mismatch(*checks)
+    if found:
+        return found
+    from keras.src.optimizers.base_optimizer import BaseOptimizer
+
+    if "_accumulated_gradients" not in inspect.getsource(BaseOptimizer.build):
+        return "BaseOptimizer.build no longer creates `_accumulated_gradients`"
+    return None
+
+
+# --- logs ------------------------------------------------------------------
+@keras.saving.register_keras_serializable(package="keras_lars")
+class NoiseScaleMonitor(keras.callbacks.Callback):
+    """Puts the optimizer's smoothed noise-scale readings into the logs.
+
+    At each epoch end (and, with `every_batch=True`, at each batch end) it
+    adds three keys, so that the fit history, `keras.callbacks.TensorBoard`
+    (list this callback before it) and CSVLogger get them:
+
+        noise_scale              B_simple = tr(Sigma) / |G|^2, in examples
+        noise_scale_gradient_sq  |G|^2, the squared norm of the true gradient
+        noise_scale_trace        tr(Sigma), the summed per-example variance
+
+    The optimizer (`keras_lars.LARS` / `LAMB`, possibly inside a
+    `LossScaleOptimizer`) must be constructed with `noise_scale_batch_size`.
+    Reading the values syncs with the device: `every_batch=True` costs a
+    little each step.
+    """
+
+    def __init__(self, every_batch=False):
+        super().__init__()
+        if not isinstance(every_batch, bool):
+            raise ValueError(f"`every_batch` must be True or False, received {every_batch!r}.")
+        self.every_batch = every_batch
+
+    def _estimator(self):
+        optimizer = getattr(self.model.optimizer, "inner_optimizer", self.model.optimizer)
+        estimator = getattr(optimizer, "noise_scale_estimator", None)
+        if estimator is None:
+            raise ValueError(
+                f"NoiseScaleMonitor needs a keras_lars.LARS or LAMB optimizer constructed "
+                f"with `noise_scale_batch_size`, received {type(optimizer).__name__} "
+                f"{getattr(optimizer, 'name', '')!r}."
+            )
+        return estimator
+
+    def on_train_begin(self, logs=None):
+        self._estimator()
+
+    def on_train_batch_end(self, batch, logs=None):
+        if self.every_batch and logs is not None:
+            logs.update(self._estimator().stats())
+
+    def on_epoch_end(self, epoch, logs=None):
+        if logs is not None:
+            logs.update(self._estimator().stats())
+
+    def get_config(self):
+        return {"every_batch": self.every_batch}
