@@ -17,8 +17,17 @@ checkpoint, and the next save at that position replaces. A kill at any
 moment leaves the previous checkpoint intact. After a save, checkpoints
 older than the previous one are removed, unfinished ones with them. Paths
 go through `tf.io.gfile`, so the directory may be a bucket.
+
+The state records what its weights file holds ("weights_file": the
+optimizer's name, the number of variables, of optimizer variables, and a
+digest of every variable's path and shape). A weights file that does not
+match that record (another run's file copied beside it) makes the checkpoint
+unusable; one that does not fit the model being resumed (its optimizer's
+name, number of variables or shapes; Keras itself only warns and skips
+them) stops the resume: a run never trains on with fresh optimizer state.
 """
 
+import hashlib
 import os
 import re
 import sys
@@ -33,6 +42,9 @@ from keras_lars.tools import storage
 _NAME = re.compile(r"^ckpt-(\d+)(?:-(\d+))?\.weights\.h5$")
 _STATE_NAME = re.compile(r"^ckpt-(\d+)(?:-(\d+))?\.json$")
 KEEP = 2
+RECORD = "weights_file"  # the state's record of its weights file (`contents`)
+_OPTIMIZER_VARIABLES = "optimizer/vars"
+_UNIQUE_SUFFIX = re.compile(r"_[0-9]+$")  # where Keras's save_weights puts them, in order
 SPACE_MARGIN = 1.25  # free space asked for, relative to the variables' bytes
 
 
@@ -86,6 +98,51 @@ def epochs_saved(directory):
     return [epoch for epoch, step in saved(directory) if step == 0]
 
 
+def _contents(weights, finite=True):
+    """(record, optimizer shapes, non-finite dataset or None) of an open
+    weights file (h5py): the record {"optimizer": name, "variables": n,
+    "optimizer_variables": m, "shapes": digest of every (path, shape)};
+    the shapes of the optimizer's variables in their order (None: the file
+    has none); with `finite`, the first dataset holding a non-finite value
+    (which reads every array)."""
+    shapes, bad = {}, []
+
+    def visit(name, item):
+        if isinstance(item, h5py.Dataset):
+            shapes[name] = list(item.shape)
+            floats = finite and not bad and item.dtype.kind == "f"
+            if floats and not np.isfinite(item[()]).all():
+                bad.append(name)
+
+    weights.visititems(visit)
+    group = weights.get(_OPTIMIZER_VARIABLES)
+    optimizer = None
+    if isinstance(group, h5py.Group):
+        names = sorted((n for n in group if n.isdigit()), key=int)
+        optimizer = [tuple(group[n].shape) for n in names]
+    name = group.attrs.get("name") if isinstance(group, h5py.Group) else None
+    digest = hashlib.sha256(repr(sorted(shapes.items())).encode()).hexdigest()[:16]
+    record = {
+        "optimizer": name if isinstance(name, str) else None,
+        "variables": len(shapes),
+        "optimizer_variables": len(optimizer or ()),
+        "shapes": digest,
+    }
+    return record, optimizer, (bad[0] if bad else None)
+
+
+def _read_contents(weights_path, finite=True):
+    with tf.io.gfile.GFile(weights_path, "rb") as f, h5py.File(f, "r") as weights:
+        return _contents(weights, finite)
+
+
+def _described(record):
+    return (
+        f"optimizer {record.get('optimizer')!r} with {record.get('optimizer_variables')} "
+        f"variables, {record.get('variables')} in all"
+    )
+
+
 def save(model, directory, epoch, state, strategy=None, step=0):
     """Writes the checkpoint at (epoch, step); keeps it and the previous
     one. Only the chief's files are kept (`keras_lars.distribute.save_on_chief`)."""
@@ -100,7 +157,8 @@ def save(model, directory, epoch, state, strategy=None, step=0):
         # leaves no state file behind, and one whose state cannot, no weights.
         storage.write_atomically(weights_path, model.save_weights)
         try:
-            storage.write_json(state_path, state, indent=None)
+            record = dict(state, **{RECORD: _read_contents(weights_path, finite=False)[0]})
+            storage.write_json(state_path, record, indent=None)
         except storage.StorageError:
             tf.io.gfile.remove(weights_path)
             raise
@@ -118,7 +176,8 @@ def save(model, directory, epoch, state, strategy=None, step=0):
 
 def problem(directory, epoch, step=0):
     """Why the checkpoint at (epoch, step) cannot be loaded, or None: its
-    state must parse and its weights file must open with every array finite."""
+    state must parse, its weights file must open with every array finite and
+    hold what the state records of it (`RECORD`; older states have none)."""
     state_path, weights_path = _paths(directory, epoch, step)
     try:
         state = storage.read_json(state_path)
@@ -128,20 +187,44 @@ def problem(directory, epoch, step=0):
         return f"{state_path}: {storage.first_line(error)}"
     if not tf.io.gfile.exists(weights_path):
         return f"{weights_path} is missing"
-    bad = []
     try:
-        with tf.io.gfile.GFile(weights_path, "rb") as f, h5py.File(f, "r") as weights:
-
-            def check(name, item):
-                floats = isinstance(item, h5py.Dataset) and item.dtype.kind == "f"
-                if floats and not np.isfinite(item[()]).all():
-                    bad.append(name)
-
-            weights.visititems(check)
+        found, _, bad = _read_contents(weights_path)
     except (OSError, ValueError, tf.errors.OpError) as error:
         return f"{weights_path}: {storage.first_line(error)}"
     if bad:
-        return f"{weights_path}: non-finite values in {bad[0]}"
+        return f"{weights_path}: non-finite values in {bad}"
+    recorded = state.get(RECORD)
+    if recorded is not None and recorded != found:
+        if isinstance(recorded, dict) and _described(recorded) == _described(found):
+            difference = "the shapes of its variables are not those the state records"
+        else:
+            shown = _described(recorded) if isinstance(recorded, dict) else repr(recorded)
+            difference = f"it holds {_described(found)}, the state records {shown}"
+        return f"{weights_path} is not the file its state records: {difference}"
+    return None
+
+
+def _misfit(optimizer, weights_path):
+    """Why the weights file does not fit the built `optimizer` (its name, or
+    the number or shapes of its variables), or None. Keras only warns
+    ("Skipping variable loading for optimizer ...") and leaves the
+    optimizer's variables as they were."""
+    record, shapes, _ = _read_contents(weights_path, finite=False)
+    expected = [tuple(v.shape) for v in optimizer.variables]
+    # Keras numbers the names of later optimizers of a process ("lars_1").
+    saved_name, name = (
+        _UNIQUE_SUFFIX.sub("", n or "") for n in (record["optimizer"], optimizer.name)
+    )
+    held = f"optimizer {saved_name!r} with {len(shapes or ())} variables"
+    wanted = f"this run's {name!r} has {len(expected)}"
+    if saved_name != name or len(shapes or ()) != len(expected):
+        return f"it holds {held}, {wanted}"
+    for number, (saved, built) in enumerate(zip(shapes, expected)):
+        if saved != built:
+            return (
+                f"its optimizer variable {number} ({optimizer.variables[number].path}) is "
+                f"{saved}, this run's is {built}"
+            )
     return None
 
 
@@ -187,6 +270,12 @@ def restore(model, directory):
             continue
         state_path, weights_path = _paths(directory, epoch, step)
         model.optimizer.build(model.trainable_variables)
+        misfit = _misfit(model.optimizer, weights_path)
+        if misfit:
+            raise CheckpointError(
+                f"{weights_path} does not fit this model ({misfit}): was the run started "
+                "with other data or settings?"
+            )
         try:
             model.load_weights(weights_path)
         except ValueError as error:
