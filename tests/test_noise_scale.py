@@ -15,8 +15,9 @@ weights stay put, and each update's raw estimate (decay 0) is one draw:
   deterministic).
 
 On one device from micro-batches, under MirroredStrategy on two logical CPUs
-from replicas, and on JAX (micro-batches) in a process of its own
-(python -m tests.test_noise_scale).
+from replicas, with MultiWorkerMirroredStrategy in two worker processes on
+localhost (one replica each), and on JAX (micro-batches) in a process of its
+own (python -m tests.test_noise_scale, see `_main`).
 """
 
 import json
@@ -111,9 +112,27 @@ def measure(draws, small, groups_per_update, strategy=None, accumulate=True, see
         )
         model.compile(optimizer, "mse")
     raw = _Raw(groups_per_update if accumulate else 1)
-    model.fit(x[order], y[order], batch_size=batch, shuffle=False, verbose=0, callbacks=[raw])
+    if isinstance(strategy, _multi_worker_type()):
+        # DATA sharding: worker i takes the i-th part of each global batch.
+        import tensorflow as tf
+
+        options = tf.data.Options()
+        policy = tf.data.experimental.AutoShardPolicy.DATA
+        options.experimental_distribute.auto_shard_policy = policy
+        data = tf.data.Dataset.from_tensor_slices((x[order], y[order])).batch(batch)
+        model.fit(data.with_options(options), shuffle=False, verbose=0, callbacks=[raw])
+    else:
+        model.fit(x[order], y[order], batch_size=batch, shuffle=False, verbose=0, callbacks=[raw])
     np.testing.assert_array_equal(model.get_weights()[0], WEIGHTS[0])  # rate 0: fixed weights
     return np.array(raw.values), list(indices)
+
+
+def _multi_worker_type():
+    if keras.backend.backend() != "tensorflow":
+        return ()
+    import tensorflow as tf
+
+    return tf.distribute.MultiWorkerMirroredStrategy
 
 
 class _Nothing:
@@ -185,6 +204,43 @@ def test_micro_batches_on_jax_match_brute_force():
     report = json.loads(result.stdout.strip().splitlines()[-1])
     assert report["backend"] == "jax"
     assert report["difference"] < 1e-4 and report["z"] < Z, report
+
+
+@pytest.mark.multiworker
+def test_replicas_of_two_workers_match_brute_force(tmp_path):
+    from keras_lars.tools.benchmark_allreduce import free_ports
+    from tests.processes import CHILD_TIMEOUT
+    from tests.processes import finish
+
+    cluster = {"worker": [f"localhost:{port}" for port in free_ports(2)]}
+    processes, outputs = [], []
+    for index in range(2):
+        config = {"cluster": cluster, "task": {"type": "worker", "index": index}}
+        env = dict(
+            os.environ,
+            TF_CONFIG=json.dumps(config),
+            KERAS_BACKEND="tensorflow",
+            CUDA_VISIBLE_DEVICES="",
+            TF_CPP_MIN_LOG_LEVEL="3",
+            PYTHONPATH=ROOT,
+        )
+        outputs.append(tmp_path / f"worker{index}.json")
+        processes.append(
+            subprocess.Popen(
+                [sys.executable, "-m", "tests.test_noise_scale", str(outputs[-1])],
+                cwd=ROOT,
+                env=env,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                text=True,
+            )
+        )
+    results = finish(processes, CHILD_TIMEOUT)
+    assert [code for code, _, _ in results] == [0, 0], [out[-3000:] for _, out, _ in results]
+    chief, other = (json.loads(path.read_text()) for path in outputs)
+    assert chief["replicas"] == other["replicas"] == 2
+    assert chief["estimates"] == other["estimates"]
+    assert chief["difference"] < 1e-4 and chief["z"] < Z, chief
 
 
 def test_the_smoothed_values_reach_the_logs_and_resume_exactly(tmp_path):
@@ -261,6 +317,22 @@ def test_reading_without_measuring_names_the_argument():
         model.optimizer.noise_scale_stats()
 
 
-if __name__ == "__main__":  # the JAX test above, in its own process
-    difference, z = compare(*measure(DRAWS, small=4, groups_per_update=4))
-    print(json.dumps({"backend": keras.backend.backend(), "difference": difference, "z": z}))
+def _main(argv):
+    """The JAX test (no argument) or one worker of the two-worker test
+    (TF_CONFIG set, argument: the JSON file to write)."""
+    if len(argv) == 1:
+        difference, z = compare(*measure(DRAWS, small=4, groups_per_update=4))
+        print(json.dumps({"backend": keras.backend.backend(), "difference": difference, "z": z}))
+        return
+    from keras_lars import distribute
+
+    strategy = distribute.make_strategy("multi_worker")
+    estimates, groups = measure(DRAWS, 4, 2, strategy=strategy, accumulate=False)
+    difference, z = compare(estimates, groups)
+    report = {"replicas": strategy.num_replicas_in_sync, "difference": difference, "z": z}
+    with open(argv[1], "w") as f:
+        json.dump(dict(report, estimates=estimates.tolist()), f)
+
+
+if __name__ == "__main__":
+    _main(sys.argv)
