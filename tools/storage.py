@@ -14,6 +14,7 @@ import os
 import re
 import shutil
 import socket
+import stat
 import time
 
 import tensorflow as tf
@@ -50,6 +51,27 @@ def _reason(error):
     if isinstance(error, OSError) and number:
         return os.strerror(number)
     return first_line(error)
+
+
+def special_file(path):
+    """What the local `path` is where it exists but is not a regular file
+    ("a directory", "a FIFO (named pipe)", ...), else None (a regular file,
+    a missing path, a bucket). Reading a FIFO blocks until something writes
+    to it, and a device may never end."""
+    if "://" in path:
+        return None
+    try:
+        mode = os.stat(path).st_mode
+    except (OSError, ValueError):
+        return None
+    kinds = (
+        (stat.S_ISDIR, "a directory"),
+        (stat.S_ISFIFO, "a FIFO (named pipe)"),
+        (stat.S_ISSOCK, "a socket"),
+        (stat.S_ISCHR, "a character device"),
+        (stat.S_ISBLK, "a block device"),
+    )
+    return next((kind for test, kind in kinds if test(mode)), None)
 
 
 def partial_path(path):

@@ -15,12 +15,27 @@ regex ending in "/output" lays out the outputs of the layers it matches
 (Keras relays a layer's output `<layer>/output` by the LayoutMap).
 `read` checks a file against the model's variables and the devices and
 says what is wrong in one line (ValueError).
+
+Python's regular expressions backtrack: a pattern such as "([a-z]+)+!"
+takes time exponential in the length of the path it fails on. `read`
+refuses a pattern whose matching could try more than MATCH_LIMIT ways at
+one position of a path as long as the model's longest variable path plus 32
+characters, at least 64 (`match_ways`: nested or stacked repeats), and
+backreferences, before any is matched, here or by Keras.
 """
 
 import json
 import re
 
+from keras_lars.tools import storage
+
+try:
+    from re import _parser as _sre_parse  # Python 3.11 on
+except ImportError:  # Python 3.10
+    import sre_parse as _sre_parse
+
 AXES = ("batch", "model")
+MATCH_LIMIT = 1_000_000
 
 
 def model_parallel_layouts(shapes, model_axis_size):
@@ -46,9 +61,54 @@ def write(path, mesh, layouts):
         f.write("\n")
 
 
+def _ways(items, longest):
+    """An upper bound on the ways a backtracking matcher can try to match
+    the parsed pattern `items` (re's parse tree) at one position of a text
+    of `longest` characters: sequences multiply, alternatives add, a repeat
+    of at most r of its body's w ways makes (r + 1) * w ** r. None for a
+    construct that has no bound (a backreference)."""
+    total = 1
+    for op, value in items:
+        name = getattr(op, "name", str(op))
+        if name in ("LITERAL", "NOT_LITERAL", "ANY", "IN", "AT"):
+            ways = 1
+        elif name == "SUBPATTERN":
+            ways = _ways(value[-1], longest)
+        elif name == "ATOMIC_GROUP":
+            ways = _ways(value, longest)
+        elif name in ("ASSERT", "ASSERT_NOT"):
+            ways = _ways(value[1], longest)
+        elif name == "BRANCH":
+            branches = [_ways(branch, longest) for branch in value[1]]
+            ways = None if None in branches else sum(branches)
+        elif name in ("MAX_REPEAT", "MIN_REPEAT", "POSSESSIVE_REPEAT"):
+            low, high, body = value
+            inner, repeats = _ways(body, longest), min(high, longest)
+            if inner is None:
+                return None
+            if inner > 1 and repeats * (inner - 1).bit_length() > 64:
+                ways = 2**64
+            else:
+                ways = (repeats - min(low, repeats) + 1) * inner**repeats
+        else:  # GROUPREF, GROUPREF_EXISTS: backreferences
+            return None
+        if ways is None:
+            return None
+        total = min(total * ways, 2**64)
+    return total
+
+
+def match_ways(pattern, longest):
+    """`_ways` of the regular expression `pattern` (re.error if it is not one)."""
+    return _ways(_sre_parse.parse(pattern), longest)
+
+
 def read(path, shapes, devices):
     """((batch, model), {regex: tuple of axes}) from the file at `path`,
     checked against {variable path: shape} and the number of devices."""
+    special = storage.special_file(path)
+    if special:
+        raise ValueError(f"cannot read it: it is {special}, not a file")
     try:
         with open(path) as f:
             plan = json.load(f)
@@ -62,28 +122,50 @@ def read(path, shapes, devices):
     if not isinstance(mesh, dict) or set(mesh) != set(AXES):
         raise ValueError(f'"mesh" must give "batch" and "model", not {mesh!r}')
     sizes = tuple(mesh[axis] for axis in AXES)
-    if not all(isinstance(size, int) and size >= 1 for size in sizes):
+    whole = (isinstance(size, int) and not isinstance(size, bool) for size in sizes)
+    if not all(ok and size >= 1 for ok, size in zip(whole, sizes)):
         raise ValueError(f'"mesh" sizes must be positive integers, not {mesh!r}')
     if sizes[0] * sizes[1] != devices:
         raise ValueError(
             f"mesh batch {sizes[0]} x model {sizes[1]} needs {sizes[0] * sizes[1]} devices; "
             f"the run has {devices}"
         )
+    if not isinstance(plan["layouts"], dict):
+        raise ValueError(
+            f'"layouts" must be an object {{"variable path regex": [axis or null, ...]}}, '
+            f"not {plan['layouts']!r}"
+        )
+    # Keras matches the patterns against longer paths too (optimizer slots, layer outputs).
+    longest = max(64, max(map(len, shapes), default=0) + 32)
     layouts = {}
-    for pattern, axes in dict(plan["layouts"]).items():
-        layouts[pattern] = _checked(pattern, axes, shapes, dict(zip(AXES, sizes)))
+    for pattern, axes in plan["layouts"].items():
+        layouts[pattern] = _checked(pattern, axes, shapes, dict(zip(AXES, sizes)), longest)
     return sizes, layouts
 
 
-def _checked(pattern, axes, shapes, sizes):
+def _checked(pattern, axes, shapes, sizes, longest):
     """The axes of one layout, after checking them against every variable
     its regex matches."""
     try:
         regex = re.compile(pattern)
+        ways = match_ways(pattern, longest)
     except re.error as error:
         raise ValueError(f'"{pattern}": not a regular expression ({error})') from None
+    if ways is None:
+        raise ValueError(f'"{pattern}": backreferences are not supported')
+    if ways > MATCH_LIMIT:
+        raise ValueError(
+            f'"{pattern}": may take too long to match (over {MATCH_LIMIT:,} ways to try at '
+            f"each position of a path of up to {longest} characters: nested or stacked "
+            "repeats such as (x+)+ or .*.*.*.*); write a simpler pattern"
+        )
     if not isinstance(axes, list) or any(a is not None and a not in AXES for a in axes):
         raise ValueError(f'"{pattern}": {axes!r} must list "batch", "model" or null per dimension')
+    twice = [axis for axis in AXES if axes.count(axis) > 1]
+    if twice:
+        raise ValueError(
+            f'"{pattern}": {axes!r} names "{twice[0]}" twice (a mesh axis lays out one dimension)'
+        )
     if pattern.endswith("/output"):  # layers' outputs: their shapes are not checked here
         return tuple(axes)
     matched = {path: shape for path, shape in shapes.items() if regex.fullmatch(path)}

@@ -1,0 +1,112 @@
+"""Damaged input that ended in a traceback, a hang or a wrong culprit (issue 41,
+items 4-6, those not about the cluster start): each ends in one line naming
+the culprit, nothing lost."""
+
+import json
+import os
+import time
+
+import pytest
+
+from keras_lars.tools import storage
+from keras_lars.tools.plan import layout_file
+
+SHAPES = {"fc6/kernel": (256, 4096), "fc6/bias": (4096,), "fc8/kernel": (4096, 10)}
+MESH = {"batch": 4, "model": 2}
+
+
+def _layout_problem(tmp_path, plan):
+    path = tmp_path / "plan.json"
+    path.write_text(plan if isinstance(plan, str) else json.dumps(plan))
+    with pytest.raises(ValueError) as raised:
+        layout_file.read(str(path), SHAPES, devices=8)
+    return str(raised.value)
+
+
+# --- --layout files -----------------------------------------------------------------------
+@pytest.mark.parametrize(
+    "plan, problem",
+    [
+        (
+            {"mesh": {"batch": True, "model": 8}, "layouts": {}},
+            "\"mesh\" sizes must be positive integers, not {'batch': True, 'model': 8}",
+        ),
+        (
+            {"mesh": MESH, "layouts": 5},
+            '"layouts" must be an object {"variable path regex": [axis or null, ...]}, not 5',
+        ),
+        (
+            {"mesh": MESH, "layouts": None},
+            '"layouts" must be an object {"variable path regex": [axis or null, ...]}, not None',
+        ),
+        (
+            {"mesh": MESH, "layouts": "abc"},
+            '"layouts" must be an object {"variable path regex": [axis or null, ...]}, not \'abc\'',
+        ),
+        (
+            {"mesh": MESH, "layouts": [["fc6/kernel", ["model", None]]]},
+            '"layouts" must be an object {"variable path regex": [axis or null, ...]}, '
+            "not [['fc6/kernel', ['model', None]]]",
+        ),
+        (
+            {"mesh": MESH, "layouts": {"fc6/kernel": ["model", "model"]}},
+            "\"fc6/kernel\": ['model', 'model'] names \"model\" twice (a mesh axis lays out "
+            "one dimension)",
+        ),
+        (
+            {"mesh": MESH, "layouts": {"(fc6)/\\1": ["model", None]}},
+            '"(fc6)/\\1": backreferences are not supported',
+        ),
+    ],
+    ids=["bool_size", "int", "null", "string", "list", "axis_twice", "backreference"],
+)
+def test_a_layout_file_of_wrong_types_is_one_line(tmp_path, plan, problem):
+    assert _layout_problem(tmp_path, plan) == problem
+
+
+@pytest.mark.parametrize(
+    "pattern",
+    ["([a-z0-9_/]+)+!", "(a|a)*!", "(?:fc[0-9]*)*x", ".*.*.*.*!"],
+    ids=["nested", "alternatives", "group", "stacked"],
+)
+def test_a_layout_regex_that_backtracks_is_refused_before_it_is_matched(tmp_path, pattern):
+    started = time.monotonic()
+    problem = _layout_problem(tmp_path, {"mesh": MESH, "layouts": {pattern: ["model", None]}})
+    assert problem == (
+        f'"{pattern}": may take too long to match (over 1,000,000 ways to try at each '
+        "position of a path of up to 64 characters: nested or stacked repeats such as (x+)+ "
+        "or .*.*.*.*); write a simpler pattern"
+    )
+    assert time.monotonic() - started < 1
+
+
+def test_the_match_bound_takes_the_patterns_the_planner_and_users_write(tmp_path):
+    longest = 64
+    assert layout_file.match_ways("fc6/kernel", longest) == 1
+    assert layout_file.match_ways("(?:conv1|pool1|conv2|pool5)/output", longest) == 4
+    assert layout_file.match_ways("fc8/.*", longest) == 65
+    assert layout_file.match_ways("conv[0-9]+_block[0-9]+/kernel", longest) == 64 * 64
+    assert layout_file.match_ways(".*/kernel.*", longest) == 65 * 65
+    assert layout_file.match_ways("([a-z]+)+!", longest) > 2**63
+    path = "stage4_block6_conv2_bn/moving_variance"
+    shapes = {path: (256,)}
+    plan = {"mesh": {"batch": 8, "model": 1}, "layouts": {"stage[0-9]+_.*/moving_.*": [None]}}
+    (tmp_path / "plan.json").write_text(json.dumps(plan))
+    _, layouts = layout_file.read(str(tmp_path / "plan.json"), shapes, devices=8)
+    assert layouts == {"stage[0-9]+_.*/moving_.*": (None,)}
+
+
+def test_a_fifo_in_place_of_the_layout_file_is_refused_without_blocking(tmp_path):
+    path = tmp_path / "plan.json"
+    os.mkfifo(path)
+    with pytest.raises(ValueError) as raised:
+        layout_file.read(str(path), SHAPES, devices=8)
+    assert str(raised.value) == "cannot read it: it is a FIFO (named pipe), not a file"
+
+
+def test_special_files_are_named():
+    assert storage.special_file("/") == "a directory"
+    assert storage.special_file("/dev/null") == "a character device"
+    assert storage.special_file(__file__) is None
+    assert storage.special_file("/nonexistent/file") is None
+    assert storage.special_file("gs://bucket/file") is None
