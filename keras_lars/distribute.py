@@ -48,7 +48,8 @@ def parse_tf_config(text=None, variable="TF_CONFIG"):
          "task": {"type": "worker", "index": 0}}
     Returns the parsed dict. Raises ValueError naming `variable` and the
     offending field for a missing variable, bad JSON, a missing or malformed
-    `cluster` or `task`, an unknown task type or an index out of range.
+    `cluster` or `task`, an address named twice, an unknown task type or an
+    index out of range.
     """
     if text is None:
         text = os.environ.get(variable)
@@ -81,6 +82,15 @@ def parse_tf_config(text=None, variable="TF_CONFIG"):
                 f"{variable}['cluster']['{job}'] must be a non-empty list of "
                 f"'host:port' strings, received {addresses!r}."
             )
+    seen = {}
+    for job, addresses in cluster.items():
+        for index, address in enumerate(addresses):
+            if address in seen:
+                raise ValueError(
+                    f"{variable}['cluster'] names {address} twice ({seen[address]} and "
+                    f"{job} {index}): each task listens on an address of its own."
+                )
+            seen[address] = f"{job} {index}"
 
     task = config.get("task")
     if not isinstance(task, dict):
@@ -261,7 +271,12 @@ def all_reduce_in(dtype, all_reduce_sum, grads_and_vars):
 
 
 def wait_for_workers(
-    timeout_seconds, log=print, report_every_seconds=30.0, stop=None, settings=None
+    timeout_seconds,
+    log=print,
+    report_every_seconds=30.0,
+    stop=None,
+    settings=None,
+    secret_dir=None,
 ):
     """Waits until every chief/worker task of TF_CONFIG has started and shares
     `settings`: the start-up handshake of `keras_lars.rendezvous`.
@@ -270,11 +285,14 @@ def wait_for_workers(
     silently, forever, deaf to SIGINT and SIGTERM, and takes any program
     listening on a peer's address for the peer. Call this first: the chief
     (the "chief" task, else worker 0) listens on its TF_CONFIG address and
-    admits each other task that proves it belongs to this cluster (a hello
-    with the cluster, the task and `settings`, signed with
-    $KERAS_LARS_RUN_SECRET if set); the others reserve their own address and
-    meet the chief. Every `report_every_seconds` it logs which tasks are
-    missing; it stays interruptible. Then TensorFlow's servers start on the
+    admits each other task that proves, answering a challenge, that it holds
+    the run's secret: $KERAS_LARS_RUN_SECRET if set, else one the chief
+    writes for this start into `secret_dir` (owner-only), which every task
+    reads; without either the start is not authenticated (one warning line).
+    The others reserve their own address and meet the chief; settings are
+    compared only among tasks that proved themselves. Every
+    `report_every_seconds` it logs which tasks are missing; it stays
+    interruptible. Then TensorFlow's servers start on the
     same ports.
 
     Args:
@@ -287,6 +305,8 @@ def wait_for_workers(
         settings: None or {name: value} (JSON-able) every task must share:
             else `keras_lars.rendezvous.HandshakeError` (a ValueError) naming
             the settings that differ and which task holds which value.
+        secret_dir: None or a directory every task reads (a path or a
+            gs:// URL): where the chief writes this start's secret.
     Returns the number of tasks waited for (0 for a cluster of one). Raises
     OSError naming this task's address if another program holds it.
     """
@@ -312,6 +332,7 @@ def wait_for_workers(
         log=log,
         report_every_seconds=report_every_seconds,
         stop=stop,
+        secret_dir=secret_dir,
     )
 
 

@@ -2,6 +2,7 @@
 listeners, stray and forged clients, idle connections, the bind address,
 settings that differ, and TensorFlow's bounded start (issue 23, item 5)."""
 
+import hashlib
 import json
 import os
 import signal
@@ -62,10 +63,12 @@ def _wait_until(condition, seconds=60):
 
 def _listening(port, lines):
     """Waits until the chief on `port` (logging to `lines`) accepts
-    connections; forgets the line about that probe."""
+    connections; forgets the line about that probe, and the warning of a
+    start without a secret."""
     _wait_until(lambda: rendezvous.accepts_connections(f"localhost:{port}"))
-    _wait_until(lambda: lines)
-    assert lines.pop().endswith(": closed before its hello")
+    _wait_until(lambda: lines and lines[-1].endswith(": closed before its hello"))
+    lines.pop()
+    lines[:] = [line for line in lines if not line.startswith("warning: this start")]
 
 
 class _Listener:
@@ -118,11 +121,36 @@ def test_differences_name_each_setting_and_who_holds_which_value():
 
 
 # --- who gets in ---------------------------------------------------------------------
-def _hello(task, status="hello", settings=None, run=None, **changes):
-    """A signed hello of `task` (as a peer with `settings` sends it), then `changes`."""
-    message = json.loads(rendezvous._Hello(run, settings or {}).line(task, status))
-    message.update(changes)
-    return json.dumps(message).encode() + b"\n"
+class _Client:
+    """A client of the chief on `port`: reads its challenge, then sends what
+    it is told."""
+
+    def __init__(self, port):
+        self.sock = socket.create_connection(("localhost", port))
+        self.lines = self.sock.makefile("rb")
+        self.received = self.lines.readline()
+        self.challenge = json.loads(self.received)
+
+    def hello(self, task, key, run=None, nonces=None, **changes):
+        """Sends a hello of `task` signed with `key` (for `nonces`, else this
+        connection's), with `changes` made after signing."""
+        nonces = nonces or [self.challenge["challenge"], "e" * 32]
+        line = rendezvous._Hello(run, {}, None).signed(
+            key, nonces, task=list(task), status="hello", nonce=nonces[1]
+        )
+        message = {**json.loads(line), **changes}
+        self.send(json.dumps(message).encode() + b"\n")
+        return nonces
+
+    def send(self, data):
+        self.sock.sendall(data)
+
+    def answer(self):
+        return self.lines.readline()
+
+    def close(self):
+        self.lines.close()
+        self.sock.close()
 
 
 def _client(port, data):
@@ -132,44 +160,52 @@ def _client(port, data):
     return sock
 
 
+def _refusal(reason):
+    """The whole of a refusal before the proof: the reason, nothing of the run."""
+    return {"protocol": rendezvous.PROTOCOL, "status": "refused", "reason": reason}
+
+
 def test_stray_and_forged_clients_are_ignored_and_the_real_peer_gets_in(monkeypatch):
     """The old rendezvous counted int(recv(16)) of any client as a process:
     b"1" released process 0 without its peer."""
     monkeypatch.setenv(rendezvous.SECRET_VARIABLE, "the run's secret")
+    key = b"the run's secret"
     (port,) = free_ports(1)
     tasks, lines = _processes(3, port), []
     chief, outcome = _in_thread(_meet, ("process", 0), tasks, port, log=lines.append)
     _listening(port, lines)
-    forged = _hello(["process", 1])  # signed with the secret of this run ...
-    monkeypatch.setenv(rendezvous.SECRET_VARIABLE, "another secret")
-    wrong_proof = _hello(["process", 1])  # ... and with another one
-    monkeypatch.setenv(rendezvous.SECRET_VARIABLE, "the run's secret")
     strays = [
         b"1\n",
         b"7\n",
         b"-1\n",
         "\u0661\n".encode(),  # ARABIC-INDIC DIGIT ONE: int() reads it as 1
         b"\xff\xfe\n",
-        wrong_proof,
-        _hello(["process", 7]),
-        _hello(["process", -1]),
-        _hello(["process", True]),
-        _hello(["process", 1], "go"),
-        _hello(["process", 1], protocol="keras_lars.rendezvous/0"),
     ]
-    clients = [_client(port, data) for data in strays]
-    _wait_until(lambda: len(lines) == len(strays))
+    clients = [_Client(port) for _ in range(11)]
+    for client, data in zip(clients, strays):
+        client.send(data)
+    clients[5].hello(["process", 1], b"another secret")
+    clients[6].hello(["process", 7], key)
+    clients[7].hello(["process", -1], key)
+    clients[8].hello(["process", True], key)
+    clients[9].hello(["process", 1], key, status="go")
+    clients[10].hello(["process", 1], key, protocol="keras_lars.rendezvous/1")
+    _wait_until(lambda: len(lines) == 11)
     assert chief.is_alive(), outcome  # nothing counted
-    first = _client(port, forged)  # process 1, with the right proof: admitted
-    answers = first.makefile("rb")
-    assert json.loads(answers.readline())["status"] == "waiting"
-    duplicate = _client(port, forged)  # process 1 again
-    _wait_until(lambda: len(lines) == len(strays) + 1)
+    first = _Client(port)  # process 1, with the right proof: admitted
+    nonces = first.hello(["process", 1], key)
+    assert json.loads(first.answer())["status"] == "waiting"
+    first.send(
+        rendezvous._Hello(None, {}, None).signed(key, nonces, status="settings", settings={})
+    )
+    duplicate = _Client(port)
+    duplicate.hello(["process", 1], key)  # process 1 again
+    _wait_until(lambda: len(lines) == 13)
     assert chief.is_alive()  # still waiting for process 2
     assert _meet(("process", 2), tasks, port) == 2
     chief.join()
-    assert outcome == [2] and json.loads(answers.readline())["status"] == "go"
-    ignored = [line.split(": ", 1)[1] for line in lines]
+    assert outcome == [2] and json.loads(first.answer())["status"] == "go"
+    ignored = [line.split(": ", 1)[1] for line in lines if line.startswith("ignored")]
     assert ignored[:5] == [
         "not a keras_lars hello: b'1'",
         "not a keras_lars hello: b'7'",
@@ -177,19 +213,155 @@ def test_stray_and_forged_clients_are_ignored_and_the_real_peer_gets_in(monkeypa
         "not a keras_lars hello: b'\\xd9\\xa1'",
         "not a keras_lars hello: b'\\xff\\xfe'",
     ]
-    assert ignored[5] == "a wrong proof (another run, or another $KERAS_LARS_RUN_SECRET)"
+    assert ignored[5] == "a wrong proof (another run, or another secret)"
     known = "(process 0, process 1, process 2)"
     assert ignored[6:10] == [
-        f"process 7 is not a task of this run {known}",
+        f"process 7 is not a task of this run {known}",  # holders of the secret hear more
         f"process -1 is not a task of this run {known}",
         "a malformed hello",  # True is no index
-        f"process 1 is not a task of this run {known}",  # says "go", not "hello"
+        "a malformed hello",  # says "go", not "hello"
     ]
-    assert ignored[10] == "speaks 'keras_lars.rendezvous/0', not keras_lars.rendezvous/1"
+    assert ignored[10] == "speaks 'keras_lars.rendezvous/1', not keras_lars.rendezvous/2"
     assert ignored[11] == "process 1 has already arrived"
-    assert all(line.startswith("ignored a connection from 127.0.0.1:") for line in lines)
+    assert all(
+        line.startswith("ignored a connection from 127.0.0.1:")
+        for line in lines
+        if "ignored" in line
+    )
+    admitted = [line for line in lines if not line.startswith("ignored")]
+    assert [line.rsplit(":", 1)[0] for line in admitted] == [
+        "admitted process 1 from 127.0.0.1",
+        "admitted process 2 from 127.0.0.1",
+    ]
     for client in [*clients, first, duplicate]:
         client.close()
+
+
+def _old_default_key(run, settings):
+    """The key of keras_lars.rendezvous/1 without $KERAS_LARS_RUN_SECRET:
+    from what every hello carried (issue 41, item 1)."""
+    return hashlib.sha256(rendezvous._canonical([run, settings])).digest()
+
+
+def test_a_forged_hello_with_copied_settings_is_refused_by_default(monkeypatch, tmp_path):
+    """Before (issue 41, items 1 and 2): a hello keyed by the run and the
+    settings it carried got "waiting" then "go", and every refusal carried
+    the chief's run and all its settings."""
+    monkeypatch.delenv(rendezvous.SECRET_VARIABLE, raising=False)
+    (port,) = free_ports(1)
+    model_dir, run = tmp_path / "run", {"coordinator": f"localhost:{port}"}
+    settings = shared_settings(Config(model_dir=str(model_dir)))
+    tasks, lines = _processes(2, port), []
+    chief, outcome = _in_thread(
+        _meet,
+        ("process", 0),
+        tasks,
+        port,
+        run=run,
+        settings=settings,
+        secret_dir=str(model_dir),
+        log=lines.append,
+    )
+    _listening(port, lines)
+    (secret,) = model_dir.glob(".keras_lars_start_*")
+    assert secret.stat().st_mode & 0o777 == 0o600  # the owner's alone
+    forger = _Client(port)
+    assert set(forger.challenge) == {"protocol", "challenge", "key"}
+    assert forger.challenge["key"] == "file:" + secret.name.rpartition("_")[2]
+    forger.hello(["process", 1], _old_default_key(run, settings), run=run)
+    refusal = forger.answer()
+    assert json.loads(refusal) == _refusal("a wrong proof (another run, or another secret)")
+    for value in (str(model_dir), "global_batch_size", str(port)):
+        assert value.encode() not in refusal and value.encode() not in forger.received
+    forger.close()
+    assert chief.is_alive()
+    peer = _meet(("process", 1), tasks, port, run=run, settings=settings, secret_dir=str(model_dir))
+    chief.join()
+    assert peer == outcome[0] == 1
+    assert lines[0].startswith("ignored a connection from 127.0.0.1:") and lines[0].endswith(
+        ": a wrong proof (another run, or another secret)"
+    )
+    assert lines[1].startswith("admitted process 1 from 127.0.0.1:") and len(lines) == 2
+    assert not model_dir.exists()  # the secret gone, and the directory made for it
+
+
+def test_a_refusal_with_the_secret_set_holds_nothing_of_the_run(monkeypatch):
+    monkeypatch.setenv(rendezvous.SECRET_VARIABLE, "the run's secret")
+    (port,) = free_ports(1)
+    settings = {"--data_dir": "/secret/data", "--model_dir": "/secret/run"}
+    tasks = _processes(2, port)
+    chief, outcome = _in_thread(
+        _meet, ("process", 0), tasks, port, 5, settings=settings, log=lambda line: None
+    )
+    _wait_until(lambda: rendezvous.accepts_connections(f"localhost:{port}"))
+    client = _Client(port)
+    assert client.challenge["key"] == "variable"
+    client.hello(["process", 1], b"a guess")
+    refusal = client.answer()
+    assert json.loads(refusal) == _refusal("a wrong proof (another run, or another secret)")
+    assert b"/secret" not in refusal + client.received
+    client.close()
+    chief.join()
+    assert isinstance(outcome[0], TimeoutError)
+
+
+def test_a_hello_answers_one_challenge_only(monkeypatch):
+    """A hello copied off the wire is refused on another connection."""
+    monkeypatch.setenv(rendezvous.SECRET_VARIABLE, "the run's secret")
+    (port,) = free_ports(1)
+    tasks, lines = _processes(3, port), []
+    chief, _ = _in_thread(_meet, ("process", 0), tasks, port, 5, log=lines.append)
+    _listening(port, lines)
+    first, second = _Client(port), _Client(port)
+    nonces = first.hello(["process", 1], b"the run's secret")
+    assert json.loads(first.answer())["status"] == "waiting"
+    second.hello(["process", 2], b"the run's secret", nonces=nonces)  # first's challenge
+    assert json.loads(second.answer()) == _refusal("a wrong proof (another run, or another secret)")
+    for client in (first, second):
+        client.close()
+    chief.join()
+
+
+@pytest.mark.parametrize("where", [None, "ram://keras_lars_test/run"])
+def test_a_start_without_a_secret_of_its_own_says_so_in_one_line(monkeypatch, where):
+    """No $KERAS_LARS_RUN_SECRET and no shared directory; or one on a bucket
+    (ram://, a file system of tf.io.gfile as gs:// is, in this process)."""
+    monkeypatch.delenv(rendezvous.SECRET_VARIABLE, raising=False)
+    (port,) = free_ports(1)
+    tasks, lines = _processes(2, port), []
+    chief, outcome = _in_thread(
+        _meet, ("process", 0), tasks, port, secret_dir=where, log=lines.append
+    )
+    assert _meet(("process", 1), tasks, port, secret_dir=where) == 1
+    chief.join()
+    assert outcome == [1]
+    if where is None:
+        assert lines[0] == (
+            "warning: this start is not authenticated (no $KERAS_LARS_RUN_SECRET and no "
+            f"directory shared by the tasks): whoever reaches localhost:{port} can take a "
+            "task's place in it; set $KERAS_LARS_RUN_SECRET (the same on every task)"
+        )
+    else:
+        assert lines[0] == (
+            f"warning: this start's secret lies in {where}, which has no owner-only "
+            "permissions: whoever can read it can take a task's place in the start; set "
+            "$KERAS_LARS_RUN_SECRET (the same on every task) for a secret of the run alone"
+        )
+    assert [line.split(" from ")[0] for line in lines[1:]] == ["admitted process 1"]
+
+
+def test_a_task_without_the_chiefs_kind_of_secret_stops_with_one_line(monkeypatch):
+    (port,) = free_ports(1)
+    tasks = _processes(2, port)
+    chief, _ = _in_thread(_meet, ("process", 0), tasks, port, 3, log=lambda line: None)
+    monkeypatch.setenv(rendezvous.SECRET_VARIABLE, "only this task's")
+    with pytest.raises(rendezvous.HandshakeError) as error:
+        _meet(("process", 1), tasks, port)
+    assert str(error.value) == (
+        f"process 0 at localhost:{port} proves with no secret, this task with "
+        "$KERAS_LARS_RUN_SECRET: set $KERAS_LARS_RUN_SECRET on every task or on none"
+    )
+    chief.join()
 
 
 def test_a_refused_client_hears_why():
@@ -215,7 +387,8 @@ def test_idle_connections_do_not_keep_the_peer_out():
     idle = [_client(port, b"") for _ in range(3)]
     assert _meet(("process", 1), tasks, port) == 1
     chief.join()
-    assert outcome == [1] and lines == []  # in before the idle ones were even dropped
+    assert outcome == [1]  # in before the idle ones were even dropped
+    assert [line.split(" from ")[0] for line in lines] == ["admitted process 1"]
     for sock in idle:
         sock.close()
 
@@ -234,7 +407,9 @@ def test_a_connection_without_a_hello_is_dropped_after_its_time(monkeypatch):
         "no hello within 0.5 s",
         f"sent more than {rendezvous.MAX_LINE} bytes without a hello",
     ]
-    assert idle.recv(10) == b"" and endless.recv(10) == b""  # closed by the chief
+    for sock in (idle, endless):  # the challenge, then closed by the chief
+        assert json.loads(sock.makefile("rb").readline())["protocol"] == rendezvous.PROTOCOL
+        assert sock.recv(10) == b""
     chief.join()
     assert isinstance(outcome[0], TimeoutError)
 
@@ -394,8 +569,8 @@ def test_a_chief_of_another_cluster_is_not_joined(monkeypatch):
     _tf_config(monkeypatch, ports[:2], 1)
     with pytest.raises(
         rendezvous.HandshakeError,
-        match=rf"^localhost:{ports[0]} is not the chief of this run \(worker 0 "
-        rf"\(localhost:{ports[0]}\)\): of another run: ",
+        match=rf"^worker 0 \(localhost:{ports[0]}\) refused worker 1: a wrong proof \(another "
+        r"run, or another secret\)$",
     ):
         keras_lars.distribute.wait_for_workers(60)
     chief.join()
@@ -456,7 +631,9 @@ def _peer_that_never_starts_tensorflow(monkeypatch, ports, model_dir):
     settings, then never starts TensorFlow's server."""
     _tf_config(monkeypatch, ports, 1)
     config = Config(strategy="multi_worker", model_dir=str(model_dir))
-    return keras_lars.distribute.wait_for_workers(TIMEOUT, settings=shared_settings(config))
+    return keras_lars.distribute.wait_for_workers(
+        TIMEOUT, settings=shared_settings(config), secret_dir=str(model_dir)
+    )
 
 
 # How each stop reaches the tool: SIGINT to it (as its handler reports it),
@@ -532,7 +709,15 @@ def test_jax_distributeds_start_is_bounded(stop, tmp_path):
     )
     try:
         settings = shared_settings(Config(process_id=1, **flags))
-        assert _meet(("process", 1), _processes(2, port), port, settings=settings) == 1
+        peer = _meet(
+            ("process", 1),
+            _processes(2, port),
+            port,
+            run={"coordinator": f"localhost:{port}"},
+            settings=settings,
+            secret_dir=flags["model_dir"],
+        )
+        assert peer == 1
         if stop:
             line = "jax.distributed starts the processes (at most 300 s)\n"
             while process.stdout.readline() not in (line, ""):  # its start began

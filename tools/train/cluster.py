@@ -110,6 +110,7 @@ def slurm_tf_config(port_base=0):
         raise ConfigError(
             f"--cluster=slurm: SLURM_PROCID={task} is not in [0, SLURM_STEP_NUM_TASKS={tasks})"
         )
+    _check_node_count("SLURM_STEP_NUM_TASKS", tasks)
     try:
         # One "GPU" a task and as many on a node as the step has tasks: the
         # resolver only numbers the ports with them (auto_set_gpu off).
@@ -144,22 +145,31 @@ def slurm_tf_config(port_base=0):
     return {"cluster": cluster, "task": {"type": task_type, "index": index}}
 
 
-def slurm_processes():
+def slurm_processes(flag="--cluster=slurm"):
     """{coordinator_address, num_processes, process_id} of this SLURM task as
-    jax.distributed.initialize detects them (see the module docstring)."""
-    _require(SLURM_JAX_VARIABLES)
-    job, processes, process_id = _slurm_integers("SLURM_JOB_ID", "SLURM_NTASKS", "SLURM_PROCID")
-    _slurm_integers("SLURM_LOCALID")
+    jax.distributed.initialize detects them (see the module docstring).
+    ConfigError (after `flag`) names a missing or invalid variable."""
+    _require(SLURM_JAX_VARIABLES, flag)
+    job, processes, process_id = _slurm_integers(
+        "SLURM_JOB_ID", "SLURM_NTASKS", "SLURM_PROCID", flag=flag
+    )
+    _slurm_integers("SLURM_LOCALID", flag=flag)
     nodes = os.environ["SLURM_STEP_NODELIST"]
     first = re.match(r"([^,\[]*)(?:\[([^,\-\]]*))?", nodes)  # "a[07-09],b" -> "a07"
     host = first.group(1) + (first.group(2) or "")
     if not host:
-        raise ConfigError(f"--cluster=slurm: SLURM_STEP_NODELIST={nodes!r} names no host")
+        raise ConfigError(f"{flag}: SLURM_STEP_NODELIST={nodes!r} names no host")
     if process_id >= processes:
         raise ConfigError(
-            f"--cluster=slurm: SLURM_PROCID={process_id} is not in [0, SLURM_NTASKS={processes})"
+            f"{flag}: SLURM_PROCID={process_id} is not in [0, SLURM_NTASKS={processes})"
         )
-    port = os.environ.get("JAX_COORDINATOR_PORT") or 61440 + job % 4096
+    _check_node_count("SLURM_NTASKS", processes, flag)
+    port = os.environ.get("JAX_COORDINATOR_PORT") or str(61440 + job % 4096)
+    if not (port.isascii() and port.isdigit() and 0 < int(port) < 65536):
+        raise ConfigError(
+            f"{flag}: JAX_COORDINATOR_PORT={port!r} (the coordinator's port under SLURM) is not "
+            "a port, a whole number in [1, 65535]"
+        )
     return {
         "coordinator_address": f"{host}:{port}",
         "num_processes": processes,
@@ -167,20 +177,53 @@ def slurm_processes():
     }
 
 
-def _require(names):
+def node_count(nodes):
+    """The number of hosts SLURM's hostlist `nodes` names ("n[01-04,07],m" ->
+    6), counted without listing them; None if it is not one SLURM writes."""
+    if not nodes.isascii() or nodes.count("[") != nodes.count("]"):
+        return None
+    count = 0
+    for item in re.findall(r"(?:[^,\[\]]|\[[^\[\]]*\])+", nodes):
+        size = 1
+        for group in re.findall(r"\[([^\]]*)\]", item):
+            hosts = 0
+            for part in group.split(","):
+                low, _, high = part.partition("-")
+                high = high or low
+                if not (low.isdigit() and high.isdigit() and int(low) <= int(high)):
+                    return None
+                hosts += int(high) - int(low) + 1
+            size *= hosts
+        count += size
+    return count
+
+
+def _check_node_count(variable, tasks, flag="--cluster=slurm"):
+    """ConfigError if SLURM_STEP_NODELIST names more nodes than the step has
+    tasks (each node of a step runs one at least), before anything lists them."""
+    nodes = os.environ["SLURM_STEP_NODELIST"]
+    count = node_count(nodes)
+    if count is not None and count > tasks:
+        raise ConfigError(
+            f"{flag}: SLURM_STEP_NODELIST={nodes[:80]!r} names {count} nodes, more than the "
+            f"{tasks} tasks of {variable}={tasks} (each node of a step runs one at least)"
+        )
+
+
+def _require(names, flag="--cluster=slurm"):
     missing = [name for name in names if not os.environ.get(name, "").strip()]
     if missing:
         raise ConfigError(
-            f"--cluster=slurm: {', '.join(missing)} {'is' if len(missing) == 1 else 'are'} not "
+            f"{flag}: {', '.join(missing)} {'is' if len(missing) == 1 else 'are'} not "
             "set: run the tool as a task of srun (see docs/launchers.md)"
         )
 
 
-def _slurm_integers(*names):
+def _slurm_integers(*names, flag="--cluster=slurm"):
     values = []
     for name in names:
         text = os.environ.get(name, "")
-        if not text.strip().isdigit():
-            raise ConfigError(f"--cluster=slurm: {name}={text!r} is not a whole number >= 0")
+        if not (text.strip().isascii() and text.strip().isdigit()):
+            raise ConfigError(f"{flag}: {name}={text!r} is not a whole number >= 0")
         values.append(int(text))
     return values

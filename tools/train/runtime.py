@@ -108,6 +108,7 @@ def _wait_for_workers(config, preemption):
                 log=lambda line: print(line, flush=True),
                 stop=lambda: preemption.signal,
                 settings=shared_settings(config),
+                secret_dir=config.model_dir,
             )
             if preemption.signal:  # received as the wait ended
                 raise InterruptedError(f"stopped by {preemption.signal} as the workers met")

@@ -25,6 +25,7 @@ process stops all of them at one step (JAX's preemption sync point).
 
 import contextlib
 import inspect
+import os
 import re
 import types
 
@@ -36,6 +37,7 @@ from keras_lars import _internals
 from keras_lars import rendezvous
 from keras_lars.tools.plan import layout_file
 from keras_lars.tools.settings import ConfigError
+from keras_lars.tools.train import cluster
 from keras_lars.tools.train.preemption import NoClusterPreemption
 from keras_lars.tools.train.preemption import Preempted
 from keras_lars.tools.train.runtime import bounded_start
@@ -61,14 +63,15 @@ class JaxRuntime:
             if problem:
                 raise ConfigError(f"{self.flag}: {problem}.")
             without_a_hanging_cache()
+        processes = processes_of(self.config)
         try:
             with preemption.handling(action="stopping the wait for the other processes"):
-                meet_processes(self.config, stop=lambda: preemption.signal)
+                meet_processes(self.config, stop=lambda: preemption.signal, processes=processes)
                 if preemption.signal:  # received as the wait ended
                     raise InterruptedError(f"stopped by {preemption.signal} as the processes met")
         except InterruptedError as error:
             raise Preempted(f"{error}; nothing was trained; run the same command") from None
-        start_processes(self.config)
+        start_processes(self.config, processes)
         self.single_process = jax.process_count() == 1
 
     def place(self, variable_shapes):
@@ -125,38 +128,75 @@ class _SyncPoint:
             self._stop()
 
 
-def meet_processes(config, stop=lambda: False):
-    """Waits until every process of --num_processes > 1 has started (a
-    ConfigError naming the flags at --worker_start_timeout_minutes):
-    jax.distributed aborts the process, with no exception, when one is
-    missing at its deadline. `stop()` true ends the wait (InterruptedError)."""
-    if config.num_processes <= 1:
+def processes_of(config):
+    """{coordinator_address, num_processes, process_id} of the run's
+    processes: the flags', or with --num_processes=0 what JAX's own cluster
+    detection finds (SLURM: `cluster.slurm_processes`, whose checks name the
+    variables; other clusters: JAX's detection itself), so that the processes
+    meet, and their settings are compared, before jax.distributed starts; {}
+    where there is no cluster to detect (JAX's start then says so)."""
+    if config.num_processes != 0:
+        return {
+            "coordinator_address": config.coordinator_address,
+            "num_processes": config.num_processes,
+            "process_id": config.process_id,
+        }
+    if all(name in os.environ for name in cluster.SLURM_JAX_VARIABLES):
+        return cluster.slurm_processes(flag="--num_processes=0 (SLURM detected)")
+    try:
+        from jax._src.clusters import ClusterEnv
+
+        found = ClusterEnv.auto_detect_unset_distributed_params(
+            None, None, None, None, None, int(60 * config.worker_start_timeout_minutes)
+        )
+    except Exception:  # another jax's private API, or a cluster that cannot answer
+        return {}
+    address, count, index = found[:3]
+    if address is None or count is None or index is None:
+        return {}
+    return {"coordinator_address": address, "num_processes": count, "process_id": index}
+
+
+def meet_processes(config, stop=lambda: False, processes=None):
+    """Waits until every process of the run (`processes_of`, when more than
+    one) has started (a ConfigError naming the flags at
+    --worker_start_timeout_minutes): jax.distributed aborts the process, with
+    no exception, when one is missing at its deadline. `stop()` true ends the
+    wait (InterruptedError)."""
+    processes = processes_of(config) if processes is None else processes
+    if processes.get("num_processes", 1) <= 1:
         return
-    processes = f"--num_processes={config.num_processes} --process_id={config.process_id}"
+    address = processes["coordinator_address"]
+    flags = f"--num_processes={processes['num_processes']} --process_id={processes['process_id']}"
+    if config.num_processes == 0:
+        flags = f"--num_processes=0 (detected: {flags} --coordinator_address={address})"
     try:
         wait_for_processes(
-            config.coordinator_address,
-            config.num_processes,
-            config.process_id,
+            address,
+            processes["num_processes"],
+            processes["process_id"],
             60 * config.worker_start_timeout_minutes,
             log=lambda line: print(line, flush=True),
             stop=stop,
             settings=shared_settings(config),
+            secret_dir=config.model_dir,
         )
     except rendezvous.HandshakeError as error:
-        raise ConfigError(f"{processes}: {error}") from None
-    except (TimeoutError, OSError, ValueError) as error:
+        raise ConfigError(f"{flags}: {error}") from None
+    except TimeoutError as error:
         raise ConfigError(
-            f"--coordinator_address={config.coordinator_address} {processes}: "
-            "cannot join the other processes within "
+            f"--coordinator_address={address} {flags}: cannot join the other processes within "
             f"--worker_start_timeout_minutes={config.worker_start_timeout_minutes:g}: {error}"
         ) from None
+    except (OSError, ValueError) as error:  # a malformed address, or one this host cannot hold
+        raise ConfigError(f"--coordinator_address={address} {flags}: {error}") from None
 
 
-def start_processes(config):
+def start_processes(config, processes=None):
     """Joins the processes of the run (jax.distributed; after
     `meet_processes`) unless it has one. Call before anything touches a JAX
     device. From here on, SIGTERM belongs to JAX's preemption notifier."""
+    processes = processes_of(config) if processes is None else processes
     # tf.data is the input pipeline: keep TensorFlow off the accelerators.
     with contextlib.suppress(RuntimeError):  # TensorFlow's devices already started
         tf.config.set_visible_devices([], "GPU")
@@ -164,13 +204,7 @@ def start_processes(config):
         return
     # JAX aborts the process at its own deadline: bounded_start's comes first.
     timeout = int(60 * config.worker_start_timeout_minutes) + 30
-    arguments = {"initialization_timeout": timeout}
-    if config.num_processes > 1:
-        arguments.update(
-            coordinator_address=config.coordinator_address,
-            num_processes=config.num_processes,
-            process_id=config.process_id,
-        )
+    arguments = {"initialization_timeout": timeout, **processes}  # those the processes met with
     try:
         with bounded_start(config, "jax.distributed", "processes", "a process"):
             jax.distributed.initialize(**arguments)
@@ -194,14 +228,22 @@ _UNDETECTED = (
 
 
 def wait_for_processes(
-    address, processes, process_id, timeout_seconds, log, stop=lambda: None, settings=None
+    address,
+    processes,
+    process_id,
+    timeout_seconds,
+    log,
+    stop=lambda: None,
+    settings=None,
+    secret_dir=None,
 ):
     """Returns once all `processes` have started with the same `settings`
     ({name: value}), before jax.distributed starts: the handshake of
     keras_lars.rendezvous, process 0 listening on `address` (host:port, the
     coordinator's). Logs who is missing every 30 s; TimeoutError names them;
     InterruptedError once `stop()` gives a reason; HandshakeError names the
-    settings that differ."""
+    settings that differ. `secret_dir`: where process 0 writes this start's
+    secret (keras_lars.rendezvous) unless $KERAS_LARS_RUN_SECRET is set."""
     tasks = {("process", index): f"process {index}" for index in range(processes)}
     tasks["process", 0] = f"process 0 at {address}"
     rendezvous.meet(
@@ -209,10 +251,12 @@ def wait_for_processes(
         tasks,
         address,
         timeout_seconds,
+        run={"coordinator": address},  # the number of processes is a setting
         settings=settings,
         others="other processes",
         log=log,
         stop=stop,
+        secret_dir=secret_dir,
     )
 
 
