@@ -110,3 +110,106 @@ def test_special_files_are_named():
     assert storage.special_file(__file__) is None
     assert storage.special_file("/nonexistent/file") is None
     assert storage.special_file("gs://bucket/file") is None
+
+
+# --- Fashion-MNIST's IDX files ------------------------------------------------------------
+def _fashion_mnist(tmp_path):
+    from tests.test_fashion_mnist import idx_bytes
+    from tests.test_fashion_mnist import make_arrays
+    from tests.test_fashion_mnist import write
+
+    folder = tmp_path / "fashion"
+    folder.mkdir()
+    for name, array in make_arrays().items():
+        write(folder, name, idx_bytes(array))
+    return folder
+
+
+def _data_error(folder):
+    from keras_lars.tools import input_pipeline
+
+    with pytest.raises(input_pipeline.DataError) as raised:
+        input_pipeline.load_fashion_mnist(str(folder))
+    return str(raised.value)
+
+
+@pytest.mark.parametrize(
+    "shape, announced",
+    [
+        ((40, 0, 28), "40x0x28: images of 0x28"),
+        ((40, 8, 8), "40x8x8: images of 8x8"),
+        ((40, 1, 784), "40x1x784: images of 1x784"),
+    ],
+    ids=["zero_side", "8x8", "1x784"],
+)
+def test_images_of_other_sizes_than_28x28_are_refused_from_the_header(tmp_path, shape, announced):
+    import numpy as np
+
+    from tests.test_fashion_mnist import idx_bytes
+    from tests.test_fashion_mnist import write
+
+    folder = _fashion_mnist(tmp_path)
+    write(folder, "train_images", idx_bytes(np.zeros(shape, np.uint8)))
+    assert _data_error(folder) == (
+        f"{folder}/train-images-idx3-ubyte.gz: its header announces {announced} pixels, "
+        "Fashion-MNIST's are 28x28."
+    )
+
+
+def test_a_directory_in_place_of_a_gzip_file_is_one_line(tmp_path):
+    folder = _fashion_mnist(tmp_path)
+    path = folder / "t10k-labels-idx1-ubyte.gz"
+    path.unlink()
+    path.mkdir()
+    assert _data_error(folder) == f"{path} is a directory, not a gzip file."
+
+
+def test_a_fifo_in_place_of_a_gzip_file_is_one_line_without_blocking(tmp_path):
+    folder = _fashion_mnist(tmp_path)
+    path = folder / "train-images-idx3-ubyte.gz"
+    path.unlink()
+    os.mkfifo(path)
+    assert _data_error(folder) == f"{path} is a FIFO (named pipe), not a gzip file."
+
+
+def test_the_header_is_read_before_the_body_is_decompressed(tmp_path):
+    # 64 MB of zeros after 40 images compress to 64 kB: refused after 40 images and a byte.
+    import gzip
+    import tracemalloc
+
+    import numpy as np
+
+    from tests.test_fashion_mnist import idx_bytes
+
+    folder = _fashion_mnist(tmp_path)
+    path = folder / "train-images-idx3-ubyte.gz"
+    images = idx_bytes(np.zeros((40, 28, 28), np.uint8))
+    path.write_bytes(gzip.compress(images + bytes(2**26), compresslevel=1))
+    tracemalloc.start()
+    try:
+        problem = _data_error(folder)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert problem == (
+        f"{path}: longer than its header says (a 40x28x28 header needs 31376 bytes)."
+    )
+    assert peak < 2**24, peak
+
+
+def test_a_fifo_or_directory_in_place_of_a_record_file_is_one_line(tmp_path):
+    from keras_lars.tools import input_pipeline
+    from keras_lars.tools.input_pipeline import records
+
+    os.mkfifo(tmp_path / "train-00000-of-00001")
+    with pytest.raises(input_pipeline.DataError) as raised:
+        records.list_files(str(tmp_path), records.TRAIN_PATTERN)
+    assert str(raised.value) == (
+        f"{tmp_path}/train-00000-of-00001 is a FIFO (named pipe), not a TFRecord file."
+    )
+    os.mkfifo(tmp_path / "dataset.json")
+    with pytest.raises(input_pipeline.DataError) as raised:
+        records.read_info(str(tmp_path))
+    assert (
+        str(raised.value) == f"{tmp_path}/dataset.json is a FIFO (named pipe), not a dataset.json."
+    )

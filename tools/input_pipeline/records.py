@@ -19,6 +19,7 @@ import tensorflow as tf
 from keras_lars.recipes import IMAGENET_TRAIN_EXAMPLES
 from keras_lars.tools.input_pipeline.errors import DataError
 from keras_lars.tools.storage import first_line
+from keras_lars.tools.storage import special_file
 
 IMAGENET_EVAL_EXAMPLES = 50000
 IMAGENET_CLASSES = 1000
@@ -56,8 +57,9 @@ def list_files(data_dir, pattern):
     if not files:
         raise DataError(f"--data_dir={data_dir}: no file matches {os.path.join(data_dir, pattern)}")
     for path in files:
-        if tf.io.gfile.isdir(path):
-            raise DataError(f"{path} is a directory, not a TFRecord file.")
+        special = "a directory" if tf.io.gfile.isdir(path) else special_file(path)
+        if special:  # a FIFO or a device would block or never end
+            raise DataError(f"{path} is {special}, not a TFRecord file.")
         if not tf.io.gfile.exists(path):
             raise DataError(f"{path} cannot be read (a link to a missing file?).")
     return tuple(files)
@@ -82,6 +84,9 @@ def read_info(data_dir):
     path = os.path.join(data_dir, INFO_FILE)
     if not tf.io.gfile.exists(path):
         return {}
+    special = special_file(path)
+    if special:
+        raise DataError(f"{path} is {special}, not a {INFO_FILE}.")
     try:
         with tf.io.gfile.GFile(path) as f:
             info = json.load(f)
