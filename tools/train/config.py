@@ -65,6 +65,16 @@ def _needs(condition, requirement):
     return lambda value, config: None if condition(value, config) else requirement
 
 
+def _evaluation_problem(value, config, valid, requirement):
+    """--eval_every_steps / --target_accuracy: `requirement` unless `valid`;
+    any nonzero value needs --eval."""
+    if not valid:
+        return requirement
+    if value and not config.eval:
+        return "needs --eval (it is read on the evaluation split)"
+    return None
+
+
 def _end_rate(value, config):
     """The end rate: >= 0 and at most the peak the schedule decays from."""
     problem = at_least(0)(value, config)
@@ -421,6 +431,23 @@ class Config:
         1, "Steps per compiled call (large on TPUs).", check=at_least(1), resumable=True
     )
     eval: bool = setting(True, "Evaluate after every epoch.", resumable=True)
+    eval_every_steps: int = setting(
+        0,
+        "If > 0, also evaluate within epochs every that many steps (at the next execution "
+        "boundary), on the whole evaluation split; each evaluation goes to summary.json's "
+        "evaluations. 0: at epoch ends only.",
+        check=lambda value, c: _evaluation_problem(value, c, value >= 0, "must be >= 0"),
+    )
+    target_accuracy: float = setting(
+        0.0,
+        "If > 0, stop once the evaluation split's top-1 accuracy reaches it (checked at "
+        "every evaluation: epoch ends and --eval_every_steps); summary.json and the final "
+        "line record the steps, examples and seconds to it, or that it was not reached. "
+        "0: no target.",
+        check=lambda value, c: _evaluation_problem(
+            value, c, 0 <= value <= 1, "must be in (0, 1] (0: no target)"
+        ),
+    )
     run_eagerly: bool = setting(
         False, "Debugging: run the train step eagerly (no tracing).", resumable=True
     )

@@ -32,6 +32,17 @@ class RunLength:
     total_steps: int
     warmup_steps: int
     phases: tuple = ()
+    global_batch_size: int = 0  # without phases: every step's
+
+    def examples_at(self, step):
+        """Training examples consumed by the first `step` steps."""
+        if not self.phases:
+            return step * self.global_batch_size
+        examples = 0
+        for phase in self.phases:
+            steps = min(step, (phase.end_epoch - phase.first_epoch) * phase.steps_per_epoch)
+            examples, step = examples + steps * phase.global_batch_size, step - steps
+        return examples
 
     @property
     def epochs(self):
@@ -62,7 +73,7 @@ def run_length(config, num_train):
     per_epoch = keras_lars.steps_per_epoch(num_train, config.global_batch_size)
     total = config.train_steps or config.train_epochs * per_epoch
     warmup = keras_lars.epochs_to_steps(config.warmup_epochs, num_train, config.global_batch_size)
-    length = RunLength(per_epoch, total, warmup)
+    length = RunLength(per_epoch, total, warmup, global_batch_size=config.global_batch_size)
     k = config.steps_per_execution
     for steps in sorted({length.steps_in(e) for e in range(length.epochs)}):
         if steps % k:

@@ -23,6 +23,7 @@ from keras_lars.tools.train import build
 from keras_lars.tools.train import callbacks
 from keras_lars.tools.train import feed
 from keras_lars.tools.train import model_dir
+from keras_lars.tools.train import target
 from keras_lars.tools.train.checkpointing import Checkpointing
 from keras_lars.tools.train.config import PRECISIONS
 from keras_lars.tools.train.length import run_length
@@ -76,22 +77,25 @@ def train_and_evaluate(config):
     run = Run(config, runtime, data, length, record, preemption)
     chief = keras_lars.distribute.is_chief(runtime.strategy)
     with storage.exclusive(config.model_dir) if chief else contextlib.nullcontext():
-        history = _train_with_rollbacks(run)
+        state = _train_with_rollbacks(run)
     return model_dir.write_summary(
-        config, length, history, time.time() - started, runtime.strategy, run.rates
+        config, length, state, time.time() - started, runtime.strategy, run.rates
     )
 
 
 def _train_with_rollbacks(run):
-    """Fits to the end; on divergence rolls back to the last good checkpoint
-    with the rate times --divergence_rate_factor (--divergence_rollbacks
-    times at most) or raises Diverged. Returns the history."""
+    """Fits to the end (or to --target_accuracy); on divergence rolls back to
+    the last good checkpoint with the rate times --divergence_rate_factor
+    (--divergence_rollbacks times at most) or raises Diverged. Returns the
+    state (its history, evaluations and target)."""
     config, rollback = run.config, None  # after a divergence: {"rate_factor", "rollbacks"}
     while True:
         model, schedule, state = _restore(run, rollback)
         try:
             _fit(run, model, schedule, state)
-            return state["history"]
+            return state
+        except target.TargetReached:
+            return state
         except keras_lars.NonFiniteLossError as error:
             last = model_dir.last_checkpoint(config.model_dir)
             last = last and f"{last[0]} ({last[1]})"  # path (epoch e[, step s of the next])
@@ -148,9 +152,10 @@ def _fit(run, model, schedule, state):
     first), with the run's callbacks; a read failure names the bad record."""
     config, length, strategy = run.config, run.length, run.runtime.strategy
     start, skip = state["epochs_done"], state.get("steps_done", 0)
-    if start >= length.epochs:
+    if start >= length.epochs or "target" in state:
         return
     fit_callbacks = make_callbacks(run, schedule, state)
+    evaluations = next(c for c in fit_callbacks if isinstance(c, target.Evaluations))
 
     def evaluation(data):
         if not config.eval:
@@ -167,13 +172,15 @@ def _fit(run, model, schedule, state):
             feed.train_stream(data, length, first_epoch, batch, skip, end_epoch)
         )
         validation, validation_steps = phase.evaluation if phase else default_evaluation
+        validation_steps = validation_steps[0] if validation_steps else None
+        evaluations.validation = (validation, validation_steps)
         model.fit(
             train,
             epochs=end_epoch,
             initial_epoch=first_epoch,
             steps_per_epoch=steps_per_epoch,
             validation_data=validation,
-            validation_steps=validation_steps[0] if validation_steps else None,
+            validation_steps=validation_steps,
             shuffle=False,
             callbacks=fit_callbacks,
             verbose=0,
@@ -241,6 +248,7 @@ def make_callbacks(run, schedule, state):
     config = run.config
     counter = callbacks.StepCounter(run.length, (state["epochs_done"], state.get("steps_done", 0)))
     throughput = callbacks.Throughput(counter, config.global_batch_size, run.rates)
+    evaluations = target.Evaluations(run, state, counter, throughput)
     if run.length.phases:  # the batch of each epoch's phase
         throughput.batch_of_epoch = lambda epoch: run.length.phase_of(epoch).global_batch_size
     found = [
@@ -250,6 +258,7 @@ def make_callbacks(run, schedule, state):
         callbacks.ProgressLine(counter, config.log_every_seconds),
         callbacks.LearningRateLog(counter, schedule),
         *([callbacks.BatchLog(run.length, config.image_size)] if run.length.phases else []),
+        evaluations,  # before Checkpointing, which saves the target it finds
         Checkpointing(run, state, counter, throughput),
         callbacks.ProgressBar(run.length),
     ]

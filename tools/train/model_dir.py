@@ -20,6 +20,7 @@ from keras_lars.tools import checkpoints
 from keras_lars.tools import settings
 from keras_lars.tools import storage
 from keras_lars.tools.settings import ConfigError
+from keras_lars.tools.train import target
 
 CONFIG_FILE = "config.json"
 SETTINGS, LAYOUT = "settings", "layout"  # a checkpoint state's record of its run
@@ -210,11 +211,13 @@ def remove_config(config):
     tf.io.gfile.remove(os.path.join(config.model_dir, CONFIG_FILE))
 
 
-def write_summary(config, length, history, wall_seconds, strategy=None, rates=()):
+def write_summary(config, length, state, wall_seconds, strategy=None, rates=()):
     """summary.json (on the chief) and the `final:` line; returns the summary.
+    `state`: the run's (its history, evaluations and target: target.py).
     `rates`: the training images/s of the epochs this process measured
     (callbacks.Throughput); their median is the run's throughput, None when
     there is none (a resumed run's history holds earlier processes' rates)."""
+    history = state["history"]
     final = dict(history[-1]) if history else {}
     summary = {
         "final": {k: v for k, v in final.items() if k not in ("seconds", "images_per_second")},
@@ -225,8 +228,12 @@ def write_summary(config, length, history, wall_seconds, strategy=None, rates=()
         "train_images_per_second": round(sorted(rates)[len(rates) // 2], 2) if rates else None,
         "wall_seconds_this_process": round(wall_seconds, 2),
         "history": history,
+        "evaluations": state.get("evaluations", []),
         "config": dataclasses.asdict(config),
     }
+    reached = target.summary(config, length, state)
+    if reached:
+        summary["target"] = reached
     if length.phases:  # --batch_schedule; each epoch's batch and rate are in the history
         summary["phases"] = [dataclasses.asdict(phase) for phase in length.phases]
     if is_chief(strategy):
@@ -241,7 +248,8 @@ def write_summary(config, length, history, wall_seconds, strategy=None, rates=()
         f"final: model={config.model} optimizer={config.optimizer} "
         f"epochs={length.epochs} steps={length.total_steps} {shown} "
         f"images_per_second={'none' if throughput is None else throughput} "
-        f"model_dir={config.model_dir}"
+        + (f"{target.describe(reached)} " if reached else "")
+        + f"model_dir={config.model_dir}"
         + ("" if rates else " (no epoch of this process was timed)"),
         flush=True,
     )

@@ -1,0 +1,154 @@
+"""The training tool's evaluations within epochs (--eval_every_steps) and its
+stop at a target accuracy (--target_accuracy): tools/train/target.py.
+
+Runs in this process: Shallue et al.'s simple CNN with LAMB on 256 digits at
+16x16, batch 32 (8 steps an epoch), 2 epochs, 64 evaluated."""
+
+import json
+
+import pytest
+
+from keras_lars.tools import checkpoints
+from keras_lars.tools import train
+from tests.test_train import assert_same_weights
+from tests.test_train import fingerprint
+
+RUN = dict(
+    model="simple_cnn",
+    optimizer="lamb",
+    base_learning_rate=0.01,
+    lr_scaling="none",
+    image_size=16,
+    global_batch_size=32,
+    train_examples=256,
+    eval_examples=64,
+    train_epochs=2,
+    warmup_epochs=0,
+)
+STEPS_PER_EPOCH = 8
+TOTAL_STEPS = 16
+
+
+def run(model_dir, **settings):
+    """(config, summary) of RUN with `settings`, trained (or resumed) here."""
+    config = train.Config(**{**RUN, **settings, "model_dir": str(model_dir)})
+    return config, train.train_and_evaluate(config)
+
+
+def without_seconds(evaluations):
+    return [{k: v for k, v in e.items() if k != "seconds"} for e in evaluations]
+
+
+@pytest.fixture(scope="module")
+def every_two_steps(tmp_path_factory):
+    """RUN evaluated every 2 steps, no target: (model_dir, summary)."""
+    model_dir = tmp_path_factory.mktemp("every_two") / "run"
+    _, summary = run(model_dir, eval_every_steps=2)
+    return model_dir, summary
+
+
+def _first_new_best(evaluations, at_epoch_end):
+    """The first evaluation (before the last) whose accuracy beats every
+    earlier one, at an epoch end or within an epoch: (index, evaluation)."""
+    best = -1.0
+    for index, found in enumerate(evaluations[:-1]):
+        end = found["step"] % STEPS_PER_EPOCH == 0
+        if found["val_accuracy"] > best and end == at_epoch_end and index > 0:
+            return index, found
+        best = max(best, found["val_accuracy"])
+    raise AssertionError(f"no new best {'at' if at_epoch_end else 'within'}: {evaluations}")
+
+
+def test_evaluations_within_epochs_change_no_number(every_two_steps, tmp_path):
+    model_dir, summary = every_two_steps
+    evaluations = summary["evaluations"]
+    assert [e["step"] for e in evaluations] == list(range(2, TOTAL_STEPS + 1, 2))
+    assert [e["examples"] for e in evaluations] == [32 * e["step"] for e in evaluations]
+    seconds = [e["seconds"] for e in evaluations]
+    assert seconds == sorted(seconds) and seconds[0] > 0
+    assert "target" not in summary  # no target asked for
+    # The same run evaluated at epoch ends only: the same epoch-end numbers
+    # and the same weights (an evaluation draws nothing and changes no variable).
+    plain = tmp_path / "plain"
+    _, alone = run(plain)
+    ends = [e for e in evaluations if e["step"] % STEPS_PER_EPOCH == 0]
+    keys = ("val_accuracy", "val_loss", "val_top5_accuracy")
+    assert [{k: e[k] for k in keys} for e in ends] == [
+        {k: h[k] for k in keys} for h in alone["history"]
+    ]
+    assert [e["step"] for e in alone["evaluations"]] == [8, 16]
+    name = "ckpt-0002.weights.h5"
+    assert_same_weights(model_dir / "checkpoints" / name, plain / "checkpoints" / name, 5)
+
+
+@pytest.mark.parametrize("at_epoch_end", [False, True], ids=["within_an_epoch", "at_epoch_end"])
+def test_the_run_stops_at_the_first_evaluation_that_reaches_the_target(
+    every_two_steps, tmp_path, capsys, at_epoch_end
+):
+    _, whole = every_two_steps
+    index, reached = _first_new_best(whole["evaluations"], at_epoch_end)
+    target = reached["val_accuracy"]
+    model_dir = tmp_path / "target"
+    capsys.readouterr()
+    _, summary = run(model_dir, eval_every_steps=2, target_accuracy=target)
+    step = reached["step"]
+    assert without_seconds([summary["target"]]) == without_seconds(
+        [{"target_accuracy": target, "reached": True, **reached}]
+    )
+    assert summary["target"]["examples"] == 32 * step
+    assert without_seconds(summary["evaluations"]) == without_seconds(
+        whole["evaluations"][: index + 1]
+    )
+    output = capsys.readouterr().out
+    final = [line for line in output.splitlines() if line.startswith("final:")]
+    assert len(final) == 1 and f"target={target} reached at step {step} ({32 * step} " in final[0]
+    # The checkpoint of the stop, and nothing after it.
+    epochs, inside = divmod(step, STEPS_PER_EPOCH)
+    assert checkpoints.saved(str(model_dir / "checkpoints"))[-1] == (epochs, inside)
+    written = json.loads((model_dir / "summary.json").read_text())
+    assert written["target"] == summary["target"]
+    # A rerun resumes at the stop and trains no further.
+    before = fingerprint(model_dir / "checkpoints")
+    _, again = run(model_dir, eval_every_steps=2, target_accuracy=target)
+    assert "resuming" in capsys.readouterr().out
+    assert again["target"] == summary["target"]
+    assert fingerprint(model_dir / "checkpoints") == before
+
+
+def test_a_target_not_reached_is_a_result(every_two_steps, tmp_path, capsys):
+    _, whole = every_two_steps
+    best = max(e["val_accuracy"] for e in whole["evaluations"])
+    target = min(1.0, best + 1e-6)
+    assert best < target
+    capsys.readouterr()
+    _, summary = run(tmp_path / "run", eval_every_steps=2, target_accuracy=target)
+    assert summary["target"] == {
+        "target_accuracy": target,
+        "reached": False,
+        "steps": TOTAL_STEPS,
+        "examples": 32 * TOTAL_STEPS,
+    }
+    assert without_seconds(summary["evaluations"]) == without_seconds(whole["evaluations"])
+    assert f"target={target} not reached in {TOTAL_STEPS} steps" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    "settings, line",
+    [
+        ({"target_accuracy": 1.5}, "--target_accuracy=1.5: must be in (0, 1] (0: no target)."),
+        ({"target_accuracy": -0.2}, "--target_accuracy=-0.2: must be in (0, 1] (0: no target)."),
+        (
+            {"target_accuracy": 0.9, "eval": False},
+            "--target_accuracy=0.9: needs --eval (it is read on the evaluation split).",
+        ),
+        ({"eval_every_steps": -1}, "--eval_every_steps=-1: must be >= 0."),
+        (
+            {"eval_every_steps": 10, "eval": False},
+            "--eval_every_steps=10: needs --eval (it is read on the evaluation split).",
+        ),
+    ],
+)
+def test_bad_target_settings_are_one_line_naming_the_flag(settings, line):
+    with pytest.raises(train.ConfigError) as raised:
+        train.Config(**settings)
+    assert str(raised.value) == line

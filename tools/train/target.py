@@ -1,0 +1,104 @@
+"""Evaluations within epochs, and the steps, examples and seconds to a target
+accuracy (Shallue et al. 2019's "steps to result": the first evaluation whose
+top-1 accuracy on the evaluation split reaches the goal).
+
+Keras evaluates at every epoch end (--eval); with --eval_every_steps=k the
+run also evaluates at the first step boundary at or after every multiple of k
+within an epoch, on the whole evaluation split (Keras's `Model.evaluate`, so
+that every replica and worker computes the same number). An evaluation is
+
+    {"step", "examples", "seconds", "val_accuracy", "val_loss", ...}
+
+with `examples` the training examples consumed by `step` (RunLength) and
+`seconds` the training time to it: the epochs of the history, plus the
+current epoch's time so far (evaluations included; an epoch cut by a
+preemption counts from its resume). Checkpointing saves when the target is
+reached and raises TargetReached; a resumed run that had reached it trains
+no further.
+"""
+
+import time
+
+import keras
+
+
+class TargetReached(Exception):
+    """The run reached --target_accuracy; its checkpoint is saved."""
+
+
+class Evaluations(keras.callbacks.Callback):
+    """Evaluates within epochs every --eval_every_steps steps and reads
+    Keras's evaluation at epoch ends; appends each to state["evaluations"]
+    and sets state["target"] to the first that reaches --target_accuracy.
+    `validation` is (dataset, steps) of the fit under way (the loop sets it
+    per phase)."""
+
+    def __init__(self, run, state, counter, throughput):
+        super().__init__()
+        self.run, self.state = run, state
+        self.counter, self.throughput = counter, throughput
+        self.validation = (None, None)
+        state.setdefault("evaluations", [])
+
+    def on_train_begin(self, logs=None):
+        self._evaluated_at = self.counter.step
+
+    def on_train_batch_end(self, batch, logs=None):
+        every = self.run.config.eval_every_steps
+        step = self.counter.step
+        if not every or self.counter.done >= self.counter.planned:
+            return  # the epoch's end evaluates
+        if step // every > self._evaluated_at // every:
+            dataset, steps = self.validation
+            found = self.model.evaluate(dataset, steps=steps, verbose=0, return_dict=True)
+            self._record(step, {f"val_{k}": v for k, v in found.items()})
+
+    def on_epoch_end(self, epoch, logs=None):
+        if logs and "val_accuracy" in logs:
+            self._record(self.counter.step, logs)
+
+    def _record(self, step, logs):
+        self._evaluated_at = step
+        done_epochs = sum(record.get("seconds", 0.0) for record in self.state["history"])
+        entry = {
+            "step": step,
+            "examples": self.run.length.examples_at(step),
+            "seconds": round(done_epochs + time.time() - self.throughput.started, 3),
+            **{k: float(keras.ops.convert_to_numpy(v)) for k, v in logs.items() if "val_" in k},
+        }
+        self.state["evaluations"].append(entry)
+        target = self.run.config.target_accuracy
+        if target and "target" not in self.state and entry["val_accuracy"] >= target:
+            self.state["target"] = entry
+            print(
+                f"target: val_accuracy={entry['val_accuracy']:.4f} >= {target} at step {step} "
+                f"({entry['examples']} examples, {entry['seconds']:.1f} s of training)",
+                flush=True,
+            )
+
+
+def summary(config, length, state):
+    """summary.json's "target": the evaluation that reached --target_accuracy,
+    or {"reached": False, "steps": the run's} when none did; None without a
+    target."""
+    if not config.target_accuracy:
+        return None
+    found = state.get("target")
+    if found:
+        return {"target_accuracy": config.target_accuracy, "reached": True, **found}
+    return {
+        "target_accuracy": config.target_accuracy,
+        "reached": False,
+        "steps": length.total_steps,
+        "examples": length.examples_at(length.total_steps),
+    }
+
+
+def describe(found):
+    """The final line's words for summary()'s dict."""
+    if found["reached"]:
+        return (
+            f"target={found['target_accuracy']} reached at step {found['step']} "
+            f"({found['examples']} examples, {found['seconds']:.1f} s)"
+        )
+    return f"target={found['target_accuracy']} not reached in {found['steps']} steps"
