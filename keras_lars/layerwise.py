@@ -210,7 +210,7 @@ class LayerwiseOptimizer(keras.optimizers.Optimizer):
         assigned before Keras's JAX apply takes the optimizer state that it
         keeps on the micro-batches that apply no update."""
         replicas = _internals.replicas_in_sync()
-        self._check_accumulation(replicas)
+        self._check_accumulation()
         estimator = self.noise_scale_estimator
         if estimator is not None:
             estimator.check_replicas(self.gradient_accumulation_steps, replicas)
@@ -218,18 +218,23 @@ class LayerwiseOptimizer(keras.optimizers.Optimizer):
                 estimator.on_micro_batch(self, grads, trainable_variables)
         return super()._backend_apply_gradients(grads, trainable_variables)
 
-    def _check_accumulation(self, replicas):
-        """Refuses `gradient_accumulation_steps` under several tf.distribute
-        replicas: Keras 3.8 to 3.15 all-reduce the gradients inside the
-        tf.cond that picks the update step, which tf.distribute refuses
-        ("`merge_call` called while defining a new graph"; Keras's own SGD
-        fails the same way, checked on Keras 3.8.0 and 3.15.1 with TF 2.21)."""
-        if self.gradient_accumulation_steps and replicas > 1:
+    def _check_accumulation(self):
+        """Refuses `gradient_accumulation_steps` under a tf.distribute strategy
+        that synchronises its replicas (MirroredStrategy, even on one device;
+        MultiWorkerMirroredStrategy; TPUStrategy): Keras 3.8 to 3.15 reach the
+        all-reduce's `merge_call` inside the tf.cond that picks the update
+        step, which tf.distribute refuses ("`merge_call` called while defining
+        a new graph"). Keras's own SGD fails the same way (checked on Keras
+        3.8.0 and 3.15.1 with TF 2.21); OneDeviceStrategy works."""
+        if not self.gradient_accumulation_steps:
+            return
+        strategy = _synchronising_strategy()
+        if strategy:
             raise ValueError(
-                f"`gradient_accumulation_steps={self.gradient_accumulation_steps}` under a "
-                f"tf.distribute strategy of {replicas} replicas: Keras all-reduces inside "
-                "the tf.cond of its update step, which tf.distribute refuses; accumulate on "
-                "one device or on the JAX backend, or use a larger global batch."
+                f"`gradient_accumulation_steps={self.gradient_accumulation_steps}` under "
+                f"tf.distribute's {strategy}: Keras all-reduces inside the tf.cond of its "
+                "update step, which tf.distribute refuses; accumulate on one device "
+                "(OneDeviceStrategy) or on the JAX backend, or use a larger global batch."
             )
 
     def noise_scale_stats(self):
@@ -318,7 +323,7 @@ class LayerwiseOptimizer(keras.optimizers.Optimizer):
                 f"{problem}."
             )
         super().build(variables)
-        self._check_accumulation(_internals.replicas_in_sync())
+        self._check_accumulation()
         if self.noise_scale_estimator is not None:
             self.noise_scale_estimator.check_replicas(
                 self.gradient_accumulation_steps, _internals.replicas_in_sync()
@@ -442,6 +447,22 @@ def _add_slots_before_3_10(optimizer, variables, names):
                 None if overwritten else optimizer.add_variable_from_reference(variable, name=name)
             )
     return slots
+
+
+def _synchronising_strategy():
+    """The class name of the current tf.distribute strategy if its replicas
+    synchronise through `merge_call` (any but the default strategy and
+    OneDeviceStrategy), else None; None on other backends."""
+    if keras.backend.backend() != "tensorflow":
+        return None
+    import tensorflow as tf
+
+    if not tf.distribute.has_strategy():
+        return None
+    strategy = tf.distribute.get_strategy()
+    if isinstance(strategy, tf.distribute.OneDeviceStrategy):
+        return None
+    return type(strategy).__name__
 
 
 def _as_list(patterns):

@@ -99,10 +99,10 @@ class NoiseScaleEstimator:
       replica's loss by R, so it is R times the partial gradient the
       optimizer sees), big = their all-reduced mean (B = m). Measured in the
       optimizer's cross-replica sum, with one scalar all-reduce more for
-      mean_r |g_r|^2. (Keras cannot accumulate under several replicas: see
+      mean_r |g_r|^2. (Keras cannot accumulate under these strategies: see
       `LayerwiseOptimizer._check_accumulation`.)
-    - otherwise with `gradient_accumulation_steps` = k >= 2 (any backend
-      Keras accumulates on; verified on TensorFlow and JAX): small = each
+    - on one device with `gradient_accumulation_steps` = k >= 2 (TensorFlow
+      without a strategy or under OneDeviceStrategy; JAX): small = each
       micro-batch's gradient (b = m), big = their mean at the update step
       (B = k*m). |g_j|^2 is summed into a variable at each micro-batch.
 

@@ -75,13 +75,21 @@ def test_accumulated_micro_batches_step_as_the_whole_batch(name):
     assert largest_difference(train(name, True), train(name, False)) < 1e-5
 
 
-def test_accumulation_under_several_replicas_is_refused_in_one_line():
+@pytest.mark.parametrize("devices", [["/cpu:0", "/cpu:1"], ["/cpu:0"]])
+def test_accumulation_under_mirrored_strategy_is_refused_in_one_line(devices):
     # Keras's own SGD fails there too (merge_call inside the update's tf.cond).
     import tensorflow as tf
 
-    strategy = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
-    with pytest.raises(ValueError, match=r"`gradient_accumulation_steps=3` under a tf.distribute"):
+    strategy = tf.distribute.MirroredStrategy(devices)
+    with pytest.raises(ValueError, match=r"`gradient_accumulation_steps=3` under tf.distribute's"):
         train("lars", True, strategy)
+
+
+def test_accumulation_under_one_device_strategy_steps_as_the_whole_batch():
+    import tensorflow as tf
+
+    strategy = tf.distribute.OneDeviceStrategy("/cpu:0")
+    assert largest_difference(train("lamb", True, strategy), train("lamb", False)) < 1e-5
 
 
 def test_the_rate_of_applied_update_n_is_the_schedule_at_n():
