@@ -213,3 +213,76 @@ def test_a_fifo_or_directory_in_place_of_a_record_file_is_one_line(tmp_path):
     assert (
         str(raised.value) == f"{tmp_path}/dataset.json is a FIFO (named pipe), not a dataset.json."
     )
+
+
+# --- keras-lars-plan ------------------------------------------------------------------------
+NO_GAIN = dict(model="alexnet", devices=2, devices_per_node=2, global_batch_size=8192)
+
+
+def _plan_main(monkeypatch, capsys, **values):
+    """keras-lars-plan's main on PlanSettings(**values): (SystemExit's
+    message or None, what it printed)."""
+    from keras_lars.tools.plan import cli
+
+    options = cli.PlanSettings(**values)
+    monkeypatch.setattr(cli.settings, "options_from_flags", lambda schema: options)
+    try:
+        cli.main(["keras-lars-plan"])
+        message = None
+    except SystemExit as stopped:
+        message = str(stopped.code)
+    return message, capsys.readouterr().out
+
+
+def test_a_layout_no_layer_gains_from_is_one_line_before_any_table(tmp_path, monkeypatch, capsys):
+    path = str(tmp_path / "plan.json")
+    message, out = _plan_main(monkeypatch, capsys, **NO_GAIN, layout_out=path)
+    assert message == (
+        f"error: --layout_out={path}: no layer of --model=alexnet moves fewer bytes "
+        "model-parallel at batch 8,192 on 2 devices (or no model axis divides them); nothing "
+        "written."
+    )
+    assert out == "" and not os.path.exists(path)
+
+
+@pytest.mark.parametrize(
+    "where, problem",
+    [
+        ("missing/plan.json", "no folder {tmp_path}/missing."),
+        ("folder", "it is a directory, not a file."),
+    ],
+)
+def test_a_layout_out_that_cannot_be_written_is_one_line_before_the_plan(
+    tmp_path, monkeypatch, capsys, where, problem
+):
+    (tmp_path / "folder").mkdir()
+    path = f"{tmp_path}/{where}"
+    message, out = _plan_main(
+        monkeypatch, capsys, model="alexnet", devices=8, global_batch_size=256, layout_out=path
+    )
+    assert message == f"error: --layout_out={path}: {problem.format(tmp_path=tmp_path)}"
+    assert out == ""
+
+
+@pytest.mark.parametrize(
+    "values, message",
+    [
+        (
+            dict(image_size=99999999999999999999),
+            "--image_size=99999999999999999999: must be <= 65536.",
+        ),
+        (
+            dict(image_size_schedule="0:224,2:99999999999999999999", epochs=4),
+            "--image_size_schedule=0:224,2:99999999999999999999: phase 2: the image size "
+            "99999999999999999999 must be <= 65536.",
+        ),
+    ],
+    ids=["flag", "schedule"],
+)
+def test_an_image_size_beyond_the_planners_bound_names_the_flag(values, message):
+    from keras_lars.tools.plan import cli
+    from keras_lars.tools.settings import ConfigError
+
+    with pytest.raises(ConfigError) as raised:
+        cli.PlanSettings(**values)
+    assert str(raised.value) == message

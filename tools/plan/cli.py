@@ -2,6 +2,8 @@
 entry point `run`."""
 
 import dataclasses
+import os
+import sys
 
 from absl import app
 
@@ -12,6 +14,7 @@ from keras_lars.models import BUILDERS
 from keras_lars.models import takes_any_image_size
 from keras_lars.recipes import IMAGENET_TRAIN_EXAMPLES
 from keras_lars.tools import settings
+from keras_lars.tools import storage
 from keras_lars.tools.plan import layout_file
 from keras_lars.tools.plan.calibration import calibrate
 from keras_lars.tools.plan.cost_models import ALGORITHMS
@@ -51,7 +54,16 @@ MODELS = (*BUILDERS, "custom")  # the reference models, or totals given by flags
 DEFAULT_DEVICE = "V100-SXM2-16GB"
 DEFAULT_PER_DEVICE_BATCH = 128  # or the largest power of two that fits, if smaller
 GRADIENT_DTYPES = tuple(dtype for dtype in ALLREDUCE_DTYPES if dtype)  # keras_lars's all-reduce
-IMAGE_SIZE_CHECK = at_least(7)
+MAX_IMAGE_SIZE = 2**16  # far beyond it Keras's shape arithmetic (floats) is not exact
+
+
+def _image_size_problem(value, config):
+    if value > MAX_IMAGE_SIZE:
+        return f"must be <= {MAX_IMAGE_SIZE}"
+    return at_least(7)(value, config)
+
+
+IMAGE_SIZE_CHECK = _image_size_problem
 
 
 # --- settings ----------------------------------------------------------------------------
@@ -909,10 +921,16 @@ def main(argv):
     if options.records:
         print(records_text())
         return
+    layout_lines = None
+    if options.layout_out:  # before the report: a layout that cannot be made is one line
+        try:
+            layout_lines = layout_out_text(options)
+        except ConfigError as error:
+            sys.exit(f"error: {error}")
     print(report_text(options))
-    if options.layout_out:
+    if layout_lines:
         print()
-        print(layout_out_text(options))
+        print(layout_lines)
 
 
 def layout_out_text(options):
@@ -920,6 +938,7 @@ def layout_out_text(options):
     bytes and step against pure data parallelism."""
     if options.model not in BUILDERS:
         raise ConfigError(f"--layout_out needs a keras_lars.models --model, not {options.model}.")
+    _check_writable(options.layout_out)
     cluster = options.cluster()
     bandwidth = options.intra_node_bandwidth * GB
     if cluster.nodes > 1:
@@ -939,7 +958,12 @@ def layout_out_text(options):
             f"fewer bytes model-parallel at batch {options.batch:,} on {options.devices} devices "
             "(or no model axis divides them); nothing written."
         )
-    layout_file.write(options.layout_out, plan.mesh, plan.layouts)
+    try:
+        layout_file.write(options.layout_out, plan.mesh, plan.layouts)
+    except OSError as error:
+        raise ConfigError(
+            f"--layout_out={options.layout_out}: cannot write it: {error.strerror or error}."
+        ) from None
     split = ", ".join(p.split("/")[0] for p in plan.layouts if not p.endswith("/output"))
     return "\n".join(
         [
@@ -951,6 +975,19 @@ def layout_out_text(options):
             f"(data parallel {plan.data_parallel_seconds * 1e3:.1f} ms)",
         ]
     )
+
+
+def _check_writable(path):
+    """ConfigError naming --layout_out if `path` cannot be written (checked
+    before the plan is computed)."""
+    folder = os.path.dirname(path) or "."
+    special = storage.special_file(path)
+    if special:
+        raise ConfigError(f"--layout_out={path}: it is {special}, not a file.")
+    if not os.path.isdir(folder):
+        raise ConfigError(f"--layout_out={path}: no folder {folder}.")
+    if not os.access(folder, os.W_OK):
+        raise ConfigError(f"--layout_out={path}: cannot write in {folder}.")
 
 
 def run(argv=None):
