@@ -34,7 +34,9 @@ from keras_lars.validation import check_number
 COUPLINGS = ("grow", "scale")
 SCALING_RULES = ("linear", "sqrt")
 
-_PHASE_TEXT = re.compile(r"\s*([+-]?\d+)\s*:\s*([+-]?\d+)\s*")
+# ASCII digits and spaces only: Python's \d and int() also take "３０" (fullwidth) and
+# \s Unicode spaces.
+_PHASE_TEXT = re.compile(r"\s*([+-]?\d+)\s*:\s*([+-]?\d+)\s*", re.ASCII)
 
 
 def _whole(value):
@@ -43,8 +45,9 @@ def _whole(value):
 
 def parse_phases(text, schedule_name="batch schedule", value_name="global batch"):
     """((epoch, value), ...) of flag text "0:4096,30:8192" (epoch:value,
-    whole numbers); a ValueError names the phase that is not. The pairs are
-    checked by `BatchSchedule`, not here."""
+    whole numbers in ASCII digits, ASCII spaces around them allowed); a
+    ValueError names the phase that is not. The pairs are checked by
+    `BatchSchedule`, not here."""
     if not isinstance(text, str) or not text.strip():
         raise ValueError(
             f"{schedule_name} {text!r}: name at least one phase as epoch:{value_name}, "

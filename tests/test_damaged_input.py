@@ -286,3 +286,76 @@ def test_an_image_size_beyond_the_planners_bound_names_the_flag(values, message)
     with pytest.raises(ConfigError) as raised:
         cli.PlanSettings(**values)
     assert str(raised.value) == message
+
+
+# --- schedules ------------------------------------------------------------------------------
+def _config_problem(schema, values):
+    from keras_lars.tools.settings import ConfigError
+
+    with pytest.raises(ConfigError) as raised:
+        schema(**values)
+    return str(raised.value)
+
+
+def _schemas():
+    from keras_lars.tools import train
+    from keras_lars.tools.plan import cli
+
+    return {"train": (train.Config, "train_epochs"), "plan": (cli.PlanSettings, "epochs")}
+
+
+@pytest.mark.parametrize("tool", ["train", "plan"])
+@pytest.mark.parametrize(
+    "flag, text, problem",
+    [
+        (
+            "batch_schedule",
+            "0:0,2:128",
+            "batch schedule phase 1 (epoch 0): the global batch must be an integer >= 1, got 0.",
+        ),
+        (
+            "batch_schedule",
+            "0:-4",
+            "batch schedule phase 1 (epoch 0): the global batch must be an integer >= 1, got -4.",
+        ),
+        (
+            "image_size_schedule",
+            "0:0,2:32",
+            "image size schedule phase 1 (epoch 0): the image size must be an integer >= 1, got 0.",
+        ),
+        (
+            "image_size_schedule",
+            "0:-32",
+            "image size schedule phase 1 (epoch 0): the image size must be an integer >= 1, "
+            "got -32.",
+        ),
+    ],
+    ids=["batch_zero", "batch_negative", "size_zero", "size_negative"],
+)
+def test_a_schedules_first_value_below_one_is_reported_under_the_schedule(
+    tool, flag, text, problem
+):
+    schema, epochs = _schemas()[tool]
+    values = {flag: text, epochs: 4, "model": "resnet18"}
+    assert _config_problem(schema, values) == f"--{flag}={text}: {problem}"
+
+
+@pytest.mark.parametrize(
+    "text, item",
+    [
+        ("\uff10:128", "\uff10:128"),  # fullwidth 0
+        ("0:\uff11\uff12\uff18", "0:\uff11\uff12\uff18"),  # fullwidth 128
+        ("0:128,\u30002:256", "\u30002:256"),  # ideographic space
+        ("0:128,2:256\u00a0", "2:256\u00a0"),  # no-break space
+        ("0:\u0661\u0662\u0668", "0:\u0661\u0662\u0668"),  # Arabic-Indic 128
+    ],
+    ids=["fullwidth_epoch", "fullwidth_batch", "ideographic_space", "nbsp", "arabic_indic"],
+)
+def test_schedules_take_ascii_digits_only(text, item):
+    from keras_lars.tools import train
+
+    number = text.split(",").index(item) + 1
+    assert _config_problem(train.Config, {"batch_schedule": text, "train_epochs": 4}) == (
+        f"--batch_schedule={text}: batch schedule phase {number} {item!r}: expected "
+        "epoch:global batch, two whole numbers (e.g. 30:1024)."
+    )

@@ -16,13 +16,15 @@ SETS = {"batch_schedule": "global_batch_size", "image_size_schedule": "image_siz
 def first_phase_value(schedule, value, default):
     """A setting under its schedule: `value`, or, where it is left at its
     `default`, the first phase's value of the flag text `schedule` (a
-    schedule that does not parse keeps `value`: its own check names it)."""
+    schedule that does not parse, or whose first value is below 1, keeps
+    `value`: the schedule's own check names it, not the flag it sets)."""
     if not schedule or value != default:
         return value
     try:
-        return parse_phases(schedule)[0][1]
+        first = parse_phases(schedule)[0][1]
     except ValueError:
         return value
+    return first if first >= 1 else value
 
 
 def phases_problem(value, config, schedule_flag, epochs_flag, size_problem):
