@@ -34,7 +34,7 @@ from keras_lars.validation import check_number
 COUPLINGS = ("grow", "scale")
 SCALING_RULES = ("linear", "sqrt")
 
-# ASCII digits and spaces only: Python's \d and int() also take "３０" (fullwidth) and
+# ASCII digits and spaces only: Python's \d and int() also take fullwidth digits and
 # \s Unicode spaces.
 _PHASE_TEXT = re.compile(r"\s*([+-]?\d+)\s*:\s*([+-]?\d+)\s*", re.ASCII)
 
