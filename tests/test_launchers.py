@@ -23,8 +23,11 @@ normalized steps by about 1.
 import inspect
 import json
 import os
+import re
 import socket
 import subprocess
+import threading
+import time
 
 import numpy as np
 import pytest
@@ -33,6 +36,8 @@ from keras_lars.tools.benchmark_allreduce import free_ports
 from keras_lars.tools.settings import ConfigError
 from keras_lars.tools.train import cluster
 from keras_lars.tools.train.config import Config
+from keras_lars.tools.train.runtime import shared_settings
+from tests import forger
 from tests import test_train_jax as jax_tests
 from tests.conftest import requires_jax
 from tests.processes import CHILD_TIMEOUT
@@ -157,12 +162,17 @@ def tf_runs(tmp_path_factory):
     # pair, 2026-12-02, with another module's processes beside it).
     ports = free_ports(2)
     spec = {"chief": [f"localhost:{ports[0]}"], "worker": [f"localhost:{ports[1]}"]}
+    # A stranger on the same host, knowing the port, the cluster and the
+    # settings, races worker 0 to the chief (issue 41, item 1).
+    settings = shared_settings(Config(strategy="multi_worker", model_dir=str(root / "c")))
+    stranger = forger.start(ports[0], ("worker", 0), {"cluster": spec}, settings, root / "c")
     chief = []
     for task, given in ((("chief", 0), "--cluster=auto"), (("worker", 0), "--cluster=tf_config")):
         tf_config = {"cluster": spec, "task": {"type": task[0], "index": task[1]}}
         args = [*ONE_STEP, "--strategy=multi_worker", given, f"--model_dir={root / 'c'}"]
         chief.append(start(args, child_env(TF_CONFIG=json.dumps(tf_config))))
-    runs["chief"] = (str(root / "c"), finish(chief))
+    runs["chief"] = (str(root / "c"), finish(chief), ports)
+    runs["forged"] = forger.result(stranger)
     return runs
 
 
@@ -204,6 +214,39 @@ def test_slurm_and_chief_clusters_train_alike_and_as_one_process(tf_runs):
     assert largest_difference(final_weights(one), slurm_weights) < 0.1
 
 
+REFUSED = {
+    "protocol": "keras_lars.rendezvous/2",
+    "status": "refused",
+    "reason": "a wrong proof (another run, or another secret)",
+}
+
+
+def _refused_stranger(forged, chief_output):
+    """The forger's hello was refused with the reason alone, and the chief
+    logged it (issue 41, items 1 and 2: it got "go" for the real task, and
+    a refusal carried every shared setting)."""
+    assert forged["read"] in (
+        "PermissionError",  # it ran as another user: the secret is the run's user's
+        "not tried: it runs as the run's user (not root, it cannot become another)",
+    ), forged
+    assert json.loads(forged["answer"]) == REFUSED
+    assert re.search(
+        r"^ignored a connection from 127\.0\.0\.1:\d+: a wrong proof \(another run, or "
+        r"another secret\)$",
+        chief_output,
+        re.MULTILINE,
+    ), chief_output[-3000:]
+
+
+def test_a_forged_hello_is_refused_and_the_real_tasks_train(tf_runs):
+    model_dir, outputs = _ran(tf_runs["chief"])  # both trained
+    ports = tf_runs["chief"][2]
+    _refused_stranger(tf_runs["forged"], outputs[0])
+    admitted = rf"^admitted worker 0 \(localhost:{ports[1]}\) from 127\.0\.0\.1:\d+$"
+    assert len(re.findall(admitted, outputs[0], re.MULTILINE)) == 1, outputs[0][-3000:]
+    assert not [name for name in os.listdir(model_dir) if name.startswith(".keras_lars_start")]
+
+
 def test_the_chief_writes_the_model_dir(tf_runs):
     model_dir, outputs = _ran(tf_runs["chief"])
     assert summary(model_dir)["config"]["cluster"] == "auto"  # the chief's settings
@@ -217,6 +260,10 @@ def test_the_chief_writes_the_model_dir(tf_runs):
 def test_jax_slurm_processes_step_as_one_device(tmp_path):
     job = free_slurm_job()
     distributed = ["--distribution=data_parallel", "--cluster=slurm"]
+    port = 61440 + job % 4096
+    settings = shared_settings(Config(backend="jax", model_dir=str(tmp_path / "slurm")))
+    run = {"coordinator": f"localhost:{port}"}
+    stranger = forger.start(port, ("process", 1), run, settings, tmp_path / "slurm")
     processes = [
         start(
             [*jax_tests.TWO_STEPS, *distributed, f"--model_dir={tmp_path / 'slurm'}"],
@@ -232,11 +279,16 @@ def test_jax_slurm_processes_step_as_one_device(tmp_path):
     assert outcomes[2][0] == 0, outcomes[2][1][-3000:]
     refused = jax_tests.refusal("data_parallel", 2)
     if refused:  # this Keras/jax: refused, nothing trained
+        stranger.kill()
+        stranger.wait()
         for status, output in outcomes[:2]:
             last = output.strip().splitlines()[-1]
             assert status == 1 and last == refused, output[-3000:]
         assert not (tmp_path / "slurm" / "checkpoints").exists()
         return
+    _refused_stranger(forger.result(stranger), outcomes[0][1])
+    admitted = r"^admitted process 1 from 127\.0\.0\.1:\d+$"
+    assert len(re.findall(admitted, outcomes[0][1], re.MULTILINE)) == 1, outcomes[0][1][-3000:]
     for procid, (status, output) in enumerate(outcomes[:2]):
         assert status == 0, output[-3000:]
         line = (
@@ -405,5 +457,160 @@ def test_the_tool_outside_srun_says_what_is_missing_and_writes_nothing(tmp_path)
         "error: --cluster=slurm: needs --strategy=multi_worker, not --strategy=mirrored.",
     ]
     for (status, output), line in zip(outcomes, lines):
+        assert status == 1 and output.strip().splitlines()[-1] == line, output[-3000:]
+    assert not (tmp_path / "run").exists()
+
+
+# --- issue 41: the start's damaged input, one line each -----------------------------
+def _set(monkeypatch, env):
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+
+
+def test_a_nodelist_longer_than_the_step_is_refused_at_once(monkeypatch):
+    """Before: TensorFlow's resolver listed n[0-99999999]'s 10^8 names (68 s)
+    and said nothing of the 2 tasks; JAX's took its first host."""
+    _set(monkeypatch, slurm_env(7, 0, node="n[0-99999999]"))
+    started = time.monotonic()
+    with pytest.raises(ConfigError) as tf_error:
+        cluster.slurm_tf_config()
+    with pytest.raises(ConfigError) as jax_error:
+        cluster.slurm_processes()
+    assert time.monotonic() - started < 5
+    nodes = "SLURM_STEP_NODELIST='n[0-99999999]' names 100000000 nodes, more than the 2 tasks"
+    assert str(tf_error.value) == (
+        f"--cluster=slurm: {nodes} of SLURM_STEP_NUM_TASKS=2 (each node of a step runs one at "
+        "least)"
+    )
+    assert str(jax_error.value) == (
+        f"--cluster=slurm: {nodes} of SLURM_NTASKS=2 (each node of a step runs one at least)"
+    )
+    assert [cluster.node_count(n) for n in ("n[01-04,07],m", "a,b", "n[1-", "n[3-1]")] == [
+        6,
+        2,
+        None,
+        None,
+    ]
+
+
+@pytest.mark.parametrize("port", ["abc", "0", "65536", "\uff17\uff10\uff10\uff10"])
+def test_jax_coordinator_port_is_checked_and_named(monkeypatch, port):
+    """Before: JAX_COORDINATOR_PORT=abc went to jax.distributed (a traceback,
+    once a segmentation fault)."""
+    _set(monkeypatch, dict(slurm_env(7, 0), JAX_COORDINATOR_PORT=port))
+    for flag in ("--cluster=slurm", "--num_processes=0 (SLURM detected)"):
+        with pytest.raises(ConfigError) as error:
+            cluster.slurm_processes(flag=flag)
+        assert str(error.value) == (
+            f"{flag}: JAX_COORDINATOR_PORT={port!r} (the coordinator's port under SLURM) is "
+            "not a port, a whole number in [1, 65535]"
+        )
+
+
+@requires_jax
+def test_jaxs_own_detection_keeps_the_settings_handshake(monkeypatch):
+    """Before: with --num_processes=0 the processes never met, so processes
+    with other settings were not caught."""
+    runtime_jax = pytest.importorskip("keras_lars.tools.train.runtime_jax")
+    (port,) = free_ports(1)
+    detected = []
+    for procid in range(2):
+        _set(monkeypatch, dict(slurm_env(7, procid), JAX_COORDINATOR_PORT=str(port)))
+        config = Config(backend="jax", num_processes=0, worker_start_timeout_minutes=1)
+        detected.append(runtime_jax.processes_of(config))
+    assert detected[1] == {
+        "coordinator_address": f"localhost:{port}",
+        "num_processes": 2,
+        "process_id": 1,
+    }
+    configs = [
+        Config(backend="jax", num_processes=0, worker_start_timeout_minutes=1, global_batch_size=b)
+        for b in (256, 512)
+    ]
+    outcome = []
+
+    def chief_meets():
+        try:
+            runtime_jax.meet_processes(configs[0], processes=detected[0])
+        except ConfigError as error:
+            outcome.append(error)
+
+    chief = threading.Thread(target=chief_meets)
+    chief.start()
+    with pytest.raises(ConfigError) as refused:
+        runtime_jax.meet_processes(configs[1], processes=detected[1])
+    chief.join()
+    differ = "settings differ: --global_batch_size: 256 on process 0, 512 on process 1"
+    assert str(refused.value) == (
+        f"--num_processes=0 (detected: --num_processes=2 --process_id=1 --coordinator_address="
+        f"localhost:{port}): process 0 at localhost:{port} refused process 1: {differ}"
+    )
+    assert str(outcome[0]).endswith(f": {differ}")
+
+
+def test_tf_config_naming_an_address_twice_is_refused_up_front(monkeypatch):
+    """Before: reported at the timeout as "something that is not this run's
+    task accepts connections" (it was the chief itself)."""
+    from keras_lars.distribute import parse_tf_config
+
+    spec = {"chief": ["h:1"], "worker": ["h:2", "h:1"]}
+    with pytest.raises(ValueError) as error:
+        parse_tf_config(json.dumps({"cluster": spec, "task": {"type": "chief", "index": 0}}))
+    assert str(error.value) == (
+        "TF_CONFIG['cluster'] names h:1 twice (chief 0 and worker 1): each task listens on an "
+        "address of its own."
+    )
+
+
+def test_each_bad_start_of_the_tool_is_one_line(tmp_path):
+    """The tool's own processes, each ending with one line and exit status 1
+    (issue 41, items 4 and 6), nothing written."""
+    port, job = free_ports(1)[0], free_slurm_job()
+    twice = {
+        "cluster": {"worker": [f"localhost:{port}"] * 2},
+        "task": {"type": "worker", "index": 0},
+    }
+    jax_slurm = dict(jax_tests.jax_env(devices=1), **slurm_env(job, 0), JAX_COORDINATOR_PORT="abc")
+    model_dir = f"--model_dir={tmp_path / 'run'}"
+    cases = [
+        (
+            ["--strategy=multi_worker", "--worker_start_timeout_minutes=0.2", model_dir],
+            child_env(TF_CONFIG=json.dumps(twice)),
+            f"error: --strategy=multi_worker: TF_CONFIG['cluster'] names localhost:{port} twice "
+            "(worker 0 and worker 1): each task listens on an address of its own.",
+        ),
+        (
+            ["--backend=jax", "--num_processes=0", model_dir],
+            jax_slurm,
+            "error: --num_processes=0 (SLURM detected): JAX_COORDINATOR_PORT='abc' (the "
+            "coordinator's port under SLURM) is not a port, a whole number in [1, 65535]",
+        ),
+        (
+            ["--backend=jax", "--cluster=slurm", "--num_processes=0", model_dir],
+            jax_slurm,
+            "error: --cluster=slurm: JAX_COORDINATOR_PORT='abc' (the coordinator's port under "
+            "SLURM) is not a port, a whole number in [1, 65535]",
+        ),
+        (
+            ["--strategy=multi_worker", "--cluster=slurm", model_dir],
+            child_env(**slurm_env(job, 0, node="n[0-99999999]")),
+            "error: --cluster=slurm: SLURM_STEP_NODELIST='n[0-99999999]' names 100000000 nodes, "
+            "more than the 2 tasks of SLURM_STEP_NUM_TASKS=2 (each node of a step runs one at "
+            "least)",
+        ),
+        (
+            [
+                "--backend=jax",
+                "--num_processes=2",
+                "--coordinator_address=localhost:abc",
+                model_dir,
+            ],
+            jax_tests.jax_env(devices=1),
+            "error: --coordinator_address=localhost:abc --num_processes=2 --process_id=0: "
+            "'localhost:abc' is not host:port",
+        ),
+    ]
+    outcomes = finish([start(args, env) for args, env, _ in cases])
+    for (status, output), (_, _, line) in zip(outcomes, cases):
         assert status == 1 and output.strip().splitlines()[-1] == line, output[-3000:]
     assert not (tmp_path / "run").exists()
