@@ -359,3 +359,121 @@ def test_schedules_take_ascii_digits_only(text, item):
         f"--batch_schedule={text}: batch schedule phase {number} {item!r}: expected "
         "epoch:global batch, two whole numbers (e.g. 30:1024)."
     )
+
+
+# --- the study's store ----------------------------------------------------------------------
+def _row(**changes):
+    from keras_lars.tools.batch_study import results
+
+    row = dict.fromkeys(results.ROW_FIELDS, 1)
+    row.update(optimizer="lars", test_accuracy=0.5, train_accuracy=0.75, key="a")
+    return {"key": "a", "row": {**row, **changes}}
+
+
+@pytest.mark.parametrize(
+    "line, problem",
+    [
+        (
+            json.dumps(_row(test_accuracy="NaN")),
+            "its test_accuracy is 'NaN', not an accuracy (a number in [0, 1])",
+        ),
+        (
+            json.dumps(_row(test_accuracy=float("nan"))),
+            "its test_accuracy is nan, not an accuracy (a number in [0, 1])",
+        ),
+        (
+            json.dumps(_row(test_accuracy_precise_bn=float("inf"))),
+            "its test_accuracy_precise_bn is inf, not an accuracy (a number in [0, 1])",
+        ),
+        (
+            json.dumps(_row(train_accuracy=None)),
+            "its train_accuracy is None, not an accuracy (a number in [0, 1])",
+        ),
+        (
+            json.dumps(_row(test_accuracy=1.5)),
+            "its test_accuracy is 1.5, not an accuracy (a number in [0, 1])",
+        ),
+        (
+            json.dumps(_row(test_accuracy=True)),
+            "its test_accuracy is True, not an accuracy (a number in [0, 1])",
+        ),
+        (json.dumps(_row(steps=-5)), "its steps is -5, not a whole number >= 1"),
+        (json.dumps(_row(steps=0)), "its steps is 0, not a whole number >= 1"),
+        (json.dumps(_row(steps=2.5)), "its steps is 2.5, not a whole number >= 1"),
+        (json.dumps(_row(steps="12")), "its steps is '12', not a whole number >= 1"),
+    ],
+    ids=[
+        "nan_string",
+        "nan",
+        "inf",
+        "null",
+        "above_one",
+        "bool",
+        "steps_negative",
+        "steps_zero",
+        "steps_fraction",
+        "steps_string",
+    ],
+)
+def test_a_study_row_of_unusable_values_is_not_found_done(tmp_path, line, problem):
+    from keras_lars.tools import batch_study
+    from keras_lars.tools.batch_study import results
+
+    path = tmp_path / "cells.jsonl"
+    path.write_text(line + "\n")
+    with pytest.raises(storage.StorageError) as raised:
+        batch_study.load_store(str(path), results.ROW_FIELDS)
+    assert str(raised.value) == (
+        f"{path}, line 1: {problem}; repair or remove that line (a removed cell is trained again)"
+    )
+    assert path.read_text() == line + "\n"  # nothing lost
+
+
+def test_a_study_row_of_usable_values_is_found_done(tmp_path):
+    from keras_lars.tools import batch_study
+    from keras_lars.tools.batch_study import results
+
+    path = tmp_path / "cells.jsonl"
+    record = _row(test_accuracy=0, train_accuracy=1, test_loss=float("nan"), steps=12)
+    batch_study.append_record(str(path), record)
+    assert batch_study.load_store(str(path), results.ROW_FIELDS)["a"]["row"]["steps"] == 12
+
+
+# --- run.lock -------------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    "text, problem",
+    [
+        ("", "it is not JSON (Expecting value: line 1 column 1 (char 0))"),
+        (
+            "{ torn",
+            "it is not JSON (Expecting property name enclosed in double quotes: line 1 "
+            "column 3 (char 2))",
+        ),
+        ("[1, 2]", "it holds [1, 2], not a pid and a host"),
+        ('{"pid": "12", "host": "h"}', 'it holds {"pid": "12", "host": "h"}, not a pid and a host'),
+        ('{"host": "h"}', 'it holds {"host": "h"}, not a pid and a host'),
+    ],
+    ids=["empty", "torn", "list", "pid_string", "no_pid"],
+)
+def test_a_run_lock_that_is_not_a_lock_is_described_and_kept(tmp_path, text, problem):
+    path = tmp_path / "run.lock"
+    path.write_text(text)
+    with pytest.raises(storage.StorageError) as raised:
+        with storage.exclusive(str(tmp_path)):
+            pass
+    assert str(raised.value) == (
+        f"--model_dir={tmp_path} has a lock file {path} that is not a run's lock ({problem}); "
+        "if no run uses the directory, remove it"
+    )
+    assert path.read_text() == text  # nothing lost
+
+
+def test_a_fifo_in_place_of_run_lock_is_described_without_blocking(tmp_path):
+    os.mkfifo(tmp_path / "run.lock")
+    with pytest.raises(storage.StorageError) as raised:
+        with storage.exclusive(str(tmp_path)):
+            pass
+    assert str(raised.value) == (
+        f"--model_dir={tmp_path} has a lock file {tmp_path}/run.lock that is not a run's lock "
+        "(it is a FIFO (named pipe)); if no run uses the directory, remove it"
+    )

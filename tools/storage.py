@@ -181,19 +181,40 @@ def _process_alive(pid):
     return True
 
 
+def _read_lock(path, flag, directory):
+    """The lock at `path` ({pid, host, since}); StorageError saying what it
+    is instead where it is not one `exclusive` wrote."""
+    special = special_file(path)
+    try:
+        held = None if special else read_json(path)
+        problem = f"it is {special}" if special else None
+    except (ValueError, tf.errors.OpError) as error:
+        held, problem = None, f"it is not JSON ({first_line(error)})"
+    if problem is None and not (
+        isinstance(held, dict)
+        and type(held.get("pid")) is int
+        and isinstance(held.get("host"), str)
+    ):
+        problem = f"it holds {json.dumps(held)[:80]}, not a pid and a host"
+    if problem:
+        raise StorageError(
+            f"{flag}={directory} has a lock file {path} that is not a run's lock ({problem}); "
+            "if no run uses the directory, remove it"
+        )
+    return held
+
+
 @contextlib.contextmanager
 def exclusive(directory, flag="--model_dir"):
     """Holds `directory`/run.lock (pid, host, start time) for the block, so a
     second run on the same directory refuses at once. A lock left by a dead
     process of this host is replaced (and said); a lock of another host is
-    reported with its owner."""
+    reported with its owner; a run.lock that is not a lock (not JSON, no pid
+    and host, a FIFO) is reported as such and left in place."""
     path = os.path.join(directory, LOCK_FILE)
     owner = {"pid": os.getpid(), "host": socket.gethostname(), "since": time.strftime("%c")}
     if tf.io.gfile.exists(path):
-        try:
-            held = read_json(path)
-        except (ValueError, tf.errors.OpError):
-            held = {}
+        held = _read_lock(path, flag, directory)
         same_host = held.get("host") == owner["host"]
         if same_host and isinstance(held.get("pid"), int) and not _process_alive(held["pid"]):
             print(
@@ -202,8 +223,8 @@ def exclusive(directory, flag="--model_dir"):
             )
         else:
             raise StorageError(
-                f"{flag}={directory} is in use by pid {held.get('pid', '?')} on host "
-                f"{held.get('host', '?')} (since {held.get('since', '?')}); stop that run, or "
+                f"{flag}={directory} is in use by pid {held['pid']} on host "
+                f"{held['host']} (since {held.get('since', '?')}); stop that run, or "
                 f"if it is gone remove {path}"
             )
     write_json(path, owner)

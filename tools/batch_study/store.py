@@ -2,13 +2,32 @@
 appended (and synced) as each finishes."""
 
 import json
+import math
+import numbers
 import os
 
+from keras_lars.tools.batch_study.results import ACCURACIES
 from keras_lars.tools.storage import StorageError
+
+FRACTIONS = (*ACCURACIES, "train_accuracy")  # finite numbers in [0, 1]
+COUNTS = ("steps",)  # whole numbers >= 1
+
+
+def _value_problem(name, value):
+    """What makes `value` not a usable `name` of a finished cell, or None."""
+    number = isinstance(value, numbers.Real) and not isinstance(value, bool)
+    if name in FRACTIONS and not (number and math.isfinite(value) and 0 <= value <= 1):
+        return f"its {name} is {value!r}, not an accuracy (a number in [0, 1])"
+    whole = isinstance(value, numbers.Integral) and not isinstance(value, bool)
+    if name in COUNTS and not (whole and value >= 1):
+        return f"its {name} is {value!r}, not a whole number >= 1"
+    return None
 
 
 def _problem(record, row_fields):
-    """What makes `record` not a cell's record, or None."""
+    """What makes `record` not a cell's record, or None: the fields
+    `row_fields` of its row are present, and those of them in FRACTIONS and
+    COUNTS hold such values."""
     if not isinstance(record, dict):
         return f"a JSON {type(record).__name__}, not a cell's record (an object)"
     if not isinstance(record.get("key"), str):
@@ -18,14 +37,16 @@ def _problem(record, row_fields):
     missing = [field for field in row_fields if field not in record["row"]]
     if missing:
         return f"its row lacks {', '.join(missing)}"
-    return None
+    problems = (_value_problem(field, record["row"][field]) for field in row_fields)
+    return next((problem for problem in problems if problem), None)
 
 
 def load_store(path, row_fields=()):
     """{key: record} of the finished cells in the JSON-lines file `path`; a
     torn last line (a kill while appending) is ignored. A line that is JSON
-    but not a cell's record (with `row_fields` in its row) is a StorageError
-    naming the file and line."""
+    but not a cell's record (with `row_fields` in its row, its accuracies
+    finite numbers in [0, 1] and its steps >= 1) is a StorageError naming the
+    file and line: such a cell is not taken as done."""
     records = {}
     if not os.path.exists(path):
         return records
