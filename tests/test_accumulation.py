@@ -66,13 +66,19 @@ class _nothing:
         return False
 
 
+# float32 tolerance: LAMB divides by sqrt(v), so where an entry of the gradient
+# is near 0 the rounding of the mean (~1e-7) reaches ~1.5e-5 of the update
+# (measured on JAX 0.5.3 / Keras 3.8.0); a rate at the wrong step is off by 0.6.
+TOLERANCE = 1e-4
+
+
 def largest_difference(a, b):
     return max(float(np.max(np.abs(u - v)) / (np.max(np.abs(v)) + 1e-12)) for u, v in zip(a, b))
 
 
 @pytest.mark.parametrize("name", ["lars", "lamb"])
 def test_accumulated_micro_batches_step_as_the_whole_batch(name):
-    assert largest_difference(train(name, True), train(name, False)) < 1e-5
+    assert largest_difference(train(name, True), train(name, False)) < TOLERANCE
 
 
 @pytest.mark.parametrize("devices", [["/cpu:0", "/cpu:1"], ["/cpu:0"]])
@@ -89,7 +95,7 @@ def test_accumulation_under_one_device_strategy_steps_as_the_whole_batch():
     import tensorflow as tf
 
     strategy = tf.distribute.OneDeviceStrategy("/cpu:0")
-    assert largest_difference(train("lamb", True, strategy), train("lamb", False)) < 1e-5
+    assert largest_difference(train("lamb", True, strategy), train("lamb", False)) < TOLERANCE
 
 
 def test_the_rate_of_applied_update_n_is_the_schedule_at_n():
@@ -115,7 +121,7 @@ def test_accumulation_on_jax_steps_as_the_whole_batch():
     assert result.returncode == 0, result.stderr[-3000:]
     differences = json.loads(result.stdout.strip().splitlines()[-1])
     assert differences["backend"] == "jax"
-    assert differences["lars"] < 1e-5 and differences["lamb"] < 1e-5, differences
+    assert differences["lars"] < TOLERANCE and differences["lamb"] < TOLERANCE, differences
 
 
 if __name__ == "__main__":  # the JAX half of the test above, in its own process
