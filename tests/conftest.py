@@ -104,6 +104,7 @@ _LIBRARY_TRAINING = (
     ("keras_lars.tools.train", "train_and_evaluate"),
     ("keras_lars.tools.batch_study", "run_study"),
     ("keras_lars.tools.batch_study", "run_cell"),
+    ("keras_lars.tools.batch_study", "run_target_study"),
 )
 # tests/ helpers that train a run cut to a few steps (the guard checks that):
 # a test that reaches _LIBRARY_TRAINING through them only stays fast.
@@ -272,6 +273,8 @@ VERSION_INDEPENDENT = {
     "test_elastic_resume cross it on every pair",
     "test_batch_study.py": "the study's cells, store, tables and plots over the training "
     "tool, whose paths test_train and test_batch_schedule_tool run on every pair",
+    "test_batch_study_target.py": "the steps-to-target search, fit and tables over the "
+    "training tool, whose --target_accuracy path test_train_target runs on every pair",
     "test_plan.py": "the planner's arithmetic (Python and numpy)",
     "test_plan_device.py": "the planner's device model and memory arithmetic",
     "test_plan_pipeline.py": "the planner's pipeline arithmetic",

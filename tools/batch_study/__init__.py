@@ -115,6 +115,7 @@ from keras_lars.tools.batch_study.study import Study
 from keras_lars.tools.batch_study.study import StudySettings
 from keras_lars.tools.batch_study.study import make_study
 from keras_lars.tools.batch_study.study import per_optimizer
+from keras_lars.tools.batch_study.target_runner import run_target_study
 
 __all__ = [
     "DEFAULT_RATES",
@@ -149,6 +150,7 @@ __all__ = [
     "write_table",
     "run_cell",
     "run_study",
+    "run_target_study",
     "define_flags",
     "main",
     "run",

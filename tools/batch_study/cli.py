@@ -16,6 +16,7 @@ from keras_lars.tools.batch_study.study import PER_CELL
 from keras_lars.tools.batch_study.study import STUDY_DEFAULTS
 from keras_lars.tools.batch_study.study import StudySettings
 from keras_lars.tools.batch_study.study import make_study
+from keras_lars.tools.batch_study.target_runner import run_target_study
 from keras_lars.tools.settings import ConfigError
 
 
@@ -28,8 +29,8 @@ def define_flags(flag_values=flags.FLAGS):
 def study_from_flags(flag_values=flags.FLAGS):
     """The Study of the parsed flags (ConfigError naming a bad one)."""
     own, _ = settings.from_flags(StudySettings, flag_values)
-    shared, _ = settings.from_flags(train.Config, flag_values, exclude=PER_CELL)
-    return make_study(StudySettings(**own), shared)
+    shared, given = settings.from_flags(train.Config, flag_values, exclude=PER_CELL)
+    return make_study(StudySettings(**own), shared, given)
 
 
 def main(argv):
@@ -40,7 +41,8 @@ def main(argv):
     # Every cell builds a new model, which TensorFlow reports as "retracing".
     tf.get_logger().setLevel("ERROR")
     try:
-        run_study(study_from_flags())
+        study = study_from_flags()
+        (run_target_study if study.search else run_study)(study)
     except train.Preempted as error:
         print(f"preempted: {error}", file=sys.stderr, flush=True)
         sys.exit(train.EXIT_PREEMPTED)

@@ -22,24 +22,33 @@ from keras_lars.tools.batch_study.store import append_record
 from keras_lars.tools.batch_study.store import load_store
 
 
+def train_logged(config, then):
+    """train.train_and_evaluate(config) (or its resume) with the tool's output
+    in the model dir's train.log; its summary. SIGTERM, SIGHUP or SIGINT
+    (also one received by the study's handler before) stops the training at
+    a checkpoint, or, after it, raises train.Preempted before `then` (what
+    the caller does next) rather than after."""
+    os.makedirs(config.model_dir, exist_ok=True)
+    preemption = train.Preemption()
+    with preemption.handling(action="stopping the cell at its next step boundary"):
+        with open(os.path.join(config.model_dir, "train.log"), "a") as log:
+            with contextlib.redirect_stdout(log):
+                summary = train.train_and_evaluate(config)
+        if preemption.signal:
+            raise train.Preempted(
+                f"stopped by {preemption.signal} after its training, before {then}; "
+                "run the same command to go on"
+            )
+    return summary
+
+
 def run_cell(cell, data):
     """Trains one cell (or resumes it) with the training tool, then
     evaluates it with precise BN; its record. The tool's output goes to the
-    cell's train.log. SIGTERM, SIGHUP or SIGINT (also one received by the
-    study's handler before) stops the training at a checkpoint, or skips the
-    evaluation (train.Preempted); the cell's checkpoints stay for the rerun."""
-    os.makedirs(cell.config.model_dir, exist_ok=True)
+    cell's train.log; the cell's checkpoints stay for a rerun after a
+    preemption (train_logged)."""
     started = time.time()
-    preemption = train.Preemption()
-    with preemption.handling(action="stopping the cell at its next step boundary"):
-        with open(os.path.join(cell.config.model_dir, "train.log"), "a") as log:
-            with contextlib.redirect_stdout(log):
-                summary = train.train_and_evaluate(cell.config)
-        if preemption.signal:
-            raise train.Preempted(
-                f"stopped by {preemption.signal} after its training, before its precise-BN "
-                "evaluation; run the same command to evaluate it"
-            )
+    summary = train_logged(cell.config, "its precise-BN evaluation")
     wall = time.time() - started
     keras.backend.clear_session()
     precise_accuracy, precise_loss = precise_bn_evaluation(cell.config, data)

@@ -27,6 +27,7 @@ DEFAULT_SCALING = {"sgd": "linear", "nesterov": "linear", "lars": "linear", "lam
 STUDY_DEFAULTS = {"train_epochs": 10, "warmup_epochs": 2.0}
 DIGITS_IMAGE_SIZE = 16
 FULL = "full"
+MODES = ("accuracy", "steps_to_target")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -191,6 +192,51 @@ class StudySettings:
         "Optimizers that get the batch-control cells; empty: every one of --optimizers.",
         choices=train.OPTIMIZERS,
     )
+    mode: str = setting(
+        "accuracy",
+        "accuracy: test accuracy after --train_epochs at each batch, one rate rule for all "
+        "batches. steps_to_target: per optimizer and batch, a search over the peak rate for "
+        "the fewest steps to the training tool's --target_accuracy, then --seeds at the "
+        "chosen rate (Shallue et al. 2019).",
+        choices=MODES,
+    )
+    budget_epochs: float = setting(
+        10.0,
+        "steps_to_target: a trial at batch B runs at most max(--min_budget_steps, "
+        "ceil(budget_epochs * N / B)) steps, its warmup and decay fitted to that budget.",
+        check=lambda value, config: None if value > 0 else "must be > 0",
+    )
+    min_budget_steps: int = setting(
+        100, "steps_to_target: the fewest steps a trial's budget has.", check=at_least(1)
+    )
+    warmup_fraction: float = setting(
+        0.05,
+        "steps_to_target: linear warmup over this fraction of a trial's budget (then "
+        "power-2 decay to --end_learning_rate at the budget's end).",
+        check=lambda value, config: None if 0 <= value < 1 else "must be in [0, 1)",
+    )
+    evaluations_per_epoch: int = setting(
+        4,
+        "steps_to_target: evaluations an epoch (every floor(N / B / this) steps, at least "
+        "every step); the resolution of the steps to the target.",
+        check=at_least(1),
+    )
+    rate_step: float = setting(
+        2.0,
+        "steps_to_target: the factor between the rates of the search's log grid.",
+        check=lambda value, config: None if value > 1 else "must be > 1",
+    )
+    max_rate_steps: int = setting(
+        5,
+        "steps_to_target: the search goes at most this many grid steps from its centre either way.",
+        check=at_least(1),
+    )
+    seed_batch_sizes: tuple = setting(
+        (),
+        "steps_to_target: the batch sizes that get --seeds seeds at their chosen rate "
+        "(e.g. those around the knee); empty: every one of --batch_sizes.",
+        check=lambda entries, config: _batch_sizes_problem(entries, config) if entries else None,
+    )
     study_dir: str = setting(
         "runs/batch_study",
         "Store, tables, plot and cell model dirs (a local directory).",
@@ -214,16 +260,32 @@ class Study:
     study_dir: str
     control_schedule: str = ""  # the batch-control ramp's phases, "" for none
     control_optimizers: tuple = ()
+    search: object = None  # steps_to_target: its TargetSearch, else None
 
 
-def make_study(own, shared):
+@dataclasses.dataclass(frozen=True)
+class TargetSearch:
+    """The steps-to-target mode's settings (StudySettings' help)."""
+
+    budget_epochs: float
+    min_budget_steps: int
+    warmup_fraction: float
+    evaluations_per_epoch: int
+    rate_step: float
+    max_rate_steps: int
+    seed_batch_sizes: tuple  # ints and/or FULL; empty: every batch
+
+
+def make_study(own, shared, given=()):
     """The Study of `own` (StudySettings) and `shared`: values of the
     training tool's settings but PER_CELL (STUDY_DEFAULTS where absent;
     image size 0 on digits: DIGITS_IMAGE_SIZE; on other data sets the
-    tool's default, e.g. 28 on fashion_mnist)."""
+    tool's default, e.g. 28 on fashion_mnist). `given`: the names of the
+    tool's settings given on the command line."""
     per_cell = sorted(set(shared) & set(PER_CELL))
     if per_cell:
         raise ConfigError(f"--{per_cell[0]} is set per cell by the study.")
+    search = _target_search(own, shared, given)
     shared = {**STUDY_DEFAULTS, **shared}
     if not shared.get("image_size") and shared.get("dataset", train.Config.dataset) == "digits":
         shared["image_size"] = DIGITS_IMAGE_SIZE
@@ -256,4 +318,46 @@ def make_study(own, shared):
         own.study_dir,
         own.control_schedule,
         (own.control_optimizers or own.optimizers) if own.control_schedule else (),
+        search,
+    )
+
+
+# The tool's settings that a steps-to-target trial sets from its budget.
+PER_TRIAL = ("train_epochs", "warmup_epochs", "eval_every_steps")
+
+
+def _target_search(own, shared, given):
+    """The TargetSearch of a steps-to-target study (None in accuracy mode);
+    ConfigError for settings that do not fit the mode."""
+    if own.mode != "steps_to_target":
+        if shared.get("target_accuracy"):
+            raise ConfigError(
+                f"--target_accuracy={shared['target_accuracy']} needs --mode=steps_to_target "
+                "(the accuracy mode trains every cell for --train_epochs)."
+            )
+        return None
+    if not shared.get("target_accuracy"):
+        raise ConfigError("--mode=steps_to_target needs --target_accuracy (in (0, 1]).")
+    if own.control_schedule:
+        raise ConfigError("--control_schedule belongs to --mode=accuracy.")
+    fixed = sorted(set(given) & set(PER_TRIAL))
+    if fixed:
+        raise ConfigError(
+            f"--{fixed[0]}: --mode=steps_to_target sets it per trial from the budget "
+            "(--budget_epochs, --min_budget_steps, --warmup_fraction, --evaluations_per_epoch)."
+        )
+    strays = [b for b in own.seed_batch_sizes if b not in own.batch_sizes]
+    if strays:
+        raise ConfigError(
+            f"--seed_batch_sizes={','.join(own.seed_batch_sizes)}: {strays[0]} is not one of "
+            f"--batch_sizes={','.join(own.batch_sizes)}."
+        )
+    return TargetSearch(
+        own.budget_epochs,
+        own.min_budget_steps,
+        own.warmup_fraction,
+        own.evaluations_per_epoch,
+        own.rate_step,
+        own.max_rate_steps,
+        tuple(FULL if b == FULL else int(b) for b in own.seed_batch_sizes),
     )

@@ -1,0 +1,191 @@
+"""The study's steps-to-target mode (tools/batch_study/target_*.py): the rate
+search, the budget and schedule of a trial, the table, the fit of McCandlish
+et al. and a tiny study end to end with its resume."""
+
+import math
+
+import numpy as np
+import pytest
+
+from keras_lars.tools import batch_study
+from keras_lars.tools import train
+from keras_lars.tools.batch_study import target_results
+from keras_lars.tools.batch_study import target_search
+from keras_lars.tools.settings import ConfigError
+from tests.test_batch_study import parse
+from tests.test_batch_study import read_csv
+from tests.test_batch_study import read_json
+
+TARGET = ["--mode=steps_to_target", "--target_accuracy=0.8"]
+
+
+def row(k, steps=None, accuracy=0.5):
+    """A trial row at grid step k: reached in `steps`, or missed at `accuracy`."""
+    reached = steps is not None
+    return {"reached": reached, "steps": steps or 100, "best_val_accuracy": accuracy, "k": k}
+
+
+def search_path(outcome, max_steps=5):
+    """The k's the search tries when trial k comes out as outcome(k)."""
+    results, path = {}, []
+    while (k := target_search.next_step(results, max_steps)) is not None:
+        path.append(k)
+        results[k] = outcome(k)
+    return path, target_search.best_step(results)
+
+
+def test_the_search_walks_to_the_best_rate_and_stops_past_it():
+    # Fewest steps at k = 2: 0, -1, 1 first, then up while the best is the largest k.
+    path, best = search_path(lambda k: row(k, steps=10 + abs(k - 2)))
+    assert (path, best) == ([0, -1, 1, 2, 3], 2)
+    path, best = search_path(lambda k: row(k, steps=10 + abs(k + 3)))
+    assert (path, best) == ([0, -1, 1, -2, -3, -4], -3)
+
+
+def test_the_search_stops_at_its_limit_and_ranks_misses_by_accuracy():
+    # Always better further down: stops at -max_steps.
+    path, best = search_path(lambda k: row(k, steps=20 + k), max_steps=3)
+    assert (path, best) == ([0, -1, 1, -2, -3], -3)
+    # Nothing reaches the target: the highest accuracy leads the search.
+    path, best = search_path(lambda k: row(k, accuracy=0.5 - 0.01 * abs(k - 1)))
+    assert (path, best) == ([0, -1, 1, 2], 1)
+    # A reached trial beats any miss; a tie goes to the smaller |k|.
+    outcome = {0: row(0, steps=30), -1: row(-1, accuracy=0.9), 1: row(1, steps=30)}
+    assert search_path(outcome.__getitem__) == ([0, -1, 1], 0)
+
+
+def test_a_trial_has_its_budget_rate_warmup_and_evaluations():
+    study = parse(*TARGET, "--budget_epochs=3", "--min_budget_steps=20", "--warmup_fraction=0.1")
+    n = 1438
+    # T(B) = max(20, ceil(3 * 1438 / B)); every floor(n / B / 4) steps, at least 1.
+    for batch, budget, every in ((32, 135, 11), (128, 34, 2), (512, 20, 1)):
+        assert target_search.budget_steps(study.search, batch, n) == budget
+        t = target_search.trial(study, "lars", batch, 2.0, -1, 1, n)
+        config = t.config
+        assert config.train_steps == budget and config.eval_every_steps == every
+        assert config.peak_learning_rate == 1.0 and config.lr_scaling == "none"
+        assert config.target_accuracy == 0.8 and config.seed == 1
+        warmup = train.run_length(config, n).warmup_steps
+        assert warmup == math.floor(0.1 * budget + 0.5)
+        assert t.key in config.model_dir and (t.rate_step, t.batch_size) == (-1, batch)
+    # The key follows the numbers, not where the trial runs.
+    a = target_search.trial(study, "lars", 128, 2.0, 0, 0, n)
+    b = target_search.trial(study, "lars", 128, 2.0, 1, 0, n)
+    assert a.key != b.key
+    assert a.key == target_search.trial(study, "lars", 128, 4.0, -1, 0, n).key
+
+
+def test_the_fit_recovers_s_min_and_e_min_of_exact_data():
+    s_min, e_min = 40.0, 3.0e5
+    batches = [64, 256, 1024, 4096, 16384]
+    rows = [
+        {"batch_size": b, "seeds": 3, "seeds_reached": 3, "steps_mean": s_min + e_min / b}
+        for b in batches
+    ]
+    found = target_results.fit(rows)
+    assert found["s_min"] == pytest.approx(s_min, rel=1e-9)
+    assert found["e_min"] == pytest.approx(e_min, rel=1e-9)
+    assert found["b_crit"] == pytest.approx(e_min / s_min, rel=1e-9)
+    assert found["batches"] == batches
+    # A batch where a seed missed is left out; fewer than three points: no fit.
+    rows[0]["seeds_reached"] = 2
+    assert target_results.fit(rows)["batches"] == batches[1:]
+    assert target_results.fit(rows[:3]) is None
+
+
+def test_the_fit_falls_back_to_one_coefficient():
+    # Perfect scaling (S = E_min / B): S_min would come out negative.
+    rows = [
+        {"batch_size": b, "seeds": 1, "seeds_reached": 1, "steps_mean": 1e5 / b - 1.0}
+        for b in (32, 64, 128)
+    ]
+    found = target_results.fit(rows)
+    assert found["s_min"] == 0.0 and found["b_crit"] == math.inf
+    x = np.array([1 / 32, 1 / 64, 1 / 128])
+    s = 1e5 * x - 1.0
+    assert found["e_min"] == pytest.approx(np.sum(x / s) / np.sum((x / s) ** 2))
+
+
+def test_the_table_takes_the_search_choice_and_the_seeds_at_it():
+    def trial(seed, k, reached, steps):
+        return {
+            "optimizer": "lars",
+            "batch_size": 256,
+            "seed": seed,
+            "rate_step": k,
+            "peak_learning_rate": 2.0**k,
+            "reached": reached,
+            "steps": steps,
+            "examples": 256 * steps,
+            "seconds": steps / 10,
+            "best_val_accuracy": 0.9 if reached else 0.5,
+            "budget_steps": 500,
+        }
+
+    rows = [trial(0, 0, True, 120), trial(0, -1, True, 90), trial(0, 1, False, 500)]
+    rows += [trial(0, -2, True, 100), trial(1, -1, True, 110), trial(2, -1, False, 500)]
+    (found,) = target_results.table(rows)
+    assert found["chosen_rate"] == 0.5 and found["search_trials"] == 4
+    assert (found["seeds"], found["seeds_reached"]) == (3, 2)
+    assert found["steps_mean"] == 100.0 and (found["steps_min"], found["steps_max"]) == (90, 110)
+    assert found["examples_mean"] == 256 * 100.0
+
+
+@pytest.mark.parametrize(
+    "argv, line",
+    [
+        (["--mode=steps_to_target"], "--mode=steps_to_target needs --target_accuracy"),
+        (["--target_accuracy=0.9"], "--target_accuracy=0.9 needs --mode=steps_to_target"),
+        ([*TARGET, "--warmup_epochs=1"], "--warmup_epochs: --mode=steps_to_target sets it"),
+        ([*TARGET, "--eval_every_steps=5"], "--eval_every_steps: --mode=steps_to_target sets"),
+        ([*TARGET, "--control_schedule=0:64,1:128"], "--control_schedule belongs to"),
+        ([*TARGET, "--seed_batch_sizes=64"], "--seed_batch_sizes=64: 64 is not one of"),
+        ([*TARGET, "--budget_epochs=0"], "--budget_epochs=0.0: must be > 0"),
+        ([*TARGET, "--rate_step=1"], "--rate_step=1.0: must be > 1"),
+        ([*TARGET, "--warmup_fraction=1"], "--warmup_fraction=1.0: must be in [0, 1)"),
+        ([*TARGET, "--max_rate_steps=0"], "--max_rate_steps=0: must be >= 1"),
+    ],
+)
+def test_bad_target_study_flags_are_one_line_naming_the_flag(argv, line):
+    with pytest.raises(ConfigError) as raised:
+        parse(*argv)
+    assert str(raised.value).startswith(line), str(raised.value)
+
+
+def test_a_tiny_target_study_end_to_end_and_its_resume(tmp_path, capsys):
+    args = [
+        *TARGET,
+        "--model=simple_cnn",
+        "--image_size=8",
+        "--optimizers=lamb",
+        "--batch_sizes=64,256,full",
+        "--train_examples=512",
+        "--budget_epochs=2",
+        "--min_budget_steps=4",
+        "--max_rate_steps=1",
+        "--seeds=2",
+        "--seed_batch_sizes=256",
+        f"--study_dir={tmp_path}",
+    ]
+    study = parse(*args)
+    rows, trained = batch_study.run_target_study(study)
+    assert len(trained) == len(rows) >= 3 * 3 + 1
+    searched = [r for r in rows if r["seed"] == 0]
+    assert {r["batch_size"] for r in searched} == {64, 256, 512}
+    assert [r["seed"] for r in rows if r["seed"]] == [1]
+    for r in rows:
+        assert r["budget_steps"] == max(4, math.ceil(2 * 512 / r["batch_size"]))
+        assert r["examples"] == r["steps"] * r["batch_size"]
+        assert 0 < r["steps"] <= r["budget_steps"]
+    table = read_csv(tmp_path / "steps_to_target.csv")
+    assert [int(r["batch_size"]) for r in table] == [64, 256, 512]
+    assert read_json(tmp_path / "trials.json")["study"]["target_accuracy"] == 0.8
+    assert (tmp_path / "steps_to_target.png").read_bytes()[:4] == b"\x89PNG"
+    assert "fits" in read_json(tmp_path / "fit.json")
+    # A rerun finds every trial done and trains none.
+    store = (tmp_path / "trials.jsonl").read_text()
+    capsys.readouterr()
+    again, trained = batch_study.run_target_study(parse(*args))
+    assert trained == [] and again == rows
+    assert (tmp_path / "trials.jsonl").read_text() == store
+    assert f"study: 0 trial(s) trained, {len(rows)} found done" in capsys.readouterr().out

@@ -1,0 +1,219 @@
+"""The steps-to-target mode's results: the trials, the table of steps to the
+target per optimizer and batch, the fit of McCandlish et al. (2018) and the
+log-log plot, rewritten after every trial.
+
+The fit: steps S and examples E = B * S to a target trade off as
+
+    (S / S_min - 1) (E / E_min - 1) = 1,  i.e.  S(B) = S_min + E_min / B,
+
+with B_crit = E_min / S_min the batch at which a run takes twice the fewest
+steps and twice the fewest examples. S_min and E_min are fitted by weighted
+least squares on the relative error, minimising sum_i ((S_i - S(B_i)) / S_i)^2
+(each point's seed mean; a linear problem in (S_min, E_min)), over the batches
+where every seed reached the target; with a negative coefficient the other is
+fitted alone. Three batches or more make a fit.
+"""
+
+import json
+import os
+
+import numpy as np
+
+from keras_lars.tools import storage
+from keras_lars.tools.batch_study.results import write_table
+from keras_lars.tools.batch_study.target_search import best_step
+
+TRIAL_FIELDS = (
+    "optimizer",
+    "batch_size",
+    "seed",
+    "rate_step",
+    "peak_learning_rate",
+    "reached",
+    "steps",
+    "examples",
+    "seconds",
+    "best_val_accuracy",
+    "budget_steps",
+    "eval_every_steps",
+    "wall_seconds",
+    "key",
+)
+TABLE_FIELDS = (
+    "optimizer",
+    "batch_size",
+    "chosen_rate",
+    "search_trials",
+    "seeds",
+    "seeds_reached",
+    "steps_mean",
+    "steps_min",
+    "steps_max",
+    "examples_mean",
+    "seconds_mean",
+    "budget_steps",
+)
+MIN_FIT_POINTS = 3
+
+
+def table(rows):
+    """One row per (optimizer, batch) of the trial rows: the rate chosen by
+    the seed-0 search, and steps, examples and seconds to the target over the
+    seeds run at it (means over the seeds that reached it; None when none)."""
+    found = []
+    keys = dict.fromkeys((r["optimizer"], r["batch_size"]) for r in rows)
+    for optimizer, batch in keys:
+        mine = [r for r in rows if r["optimizer"] == optimizer and r["batch_size"] == batch]
+        search = {r["rate_step"]: r for r in mine if r["seed"] == 0}
+        if not search:
+            continue
+        chosen = best_step(search)
+        runs = [r for r in mine if r["rate_step"] == chosen]
+        reached = [r for r in runs if r["reached"]]
+
+        def mean(name, reached=reached):
+            return float(np.mean([r[name] for r in reached])) if reached else None
+
+        found.append(
+            {
+                "optimizer": optimizer,
+                "batch_size": batch,
+                "chosen_rate": search[chosen]["peak_learning_rate"],
+                "search_trials": len(search),
+                "seeds": len(runs),
+                "seeds_reached": len(reached),
+                "steps_mean": mean("steps"),
+                "steps_min": min((r["steps"] for r in reached), default=None),
+                "steps_max": max((r["steps"] for r in reached), default=None),
+                "examples_mean": mean("examples"),
+                "seconds_mean": mean("seconds"),
+                "budget_steps": search[chosen]["budget_steps"],
+            }
+        )
+    return sorted(found, key=lambda r: (r["optimizer"], r["batch_size"]))
+
+
+def fit(rows):
+    """{"s_min", "e_min", "b_crit", "batches"} fitted to the table rows of one
+    optimizer (module docstring), or None with fewer than MIN_FIT_POINTS."""
+    points = [r for r in rows if r["seeds"] and r["seeds_reached"] == r["seeds"]]
+    if len(points) < MIN_FIT_POINTS:
+        return None
+    batches = np.array([r["batch_size"] for r in points], dtype=float)
+    steps = np.array([r["steps_mean"] for r in points], dtype=float)
+    x, w = 1.0 / batches, 1.0 / steps
+    (s_min, e_min), *_ = np.linalg.lstsq(np.stack([w, x * w], axis=1), np.ones_like(w), rcond=None)
+    if e_min < 0:  # S = S_min alone
+        s_min, e_min = float(np.sum(w) / np.sum(w * w)), 0.0
+    elif s_min < 0:  # S = E_min / B alone
+        s_min, e_min = 0.0, float(np.sum(x * w) / np.sum((x * w) ** 2))
+    b_crit = e_min / s_min if s_min > 0 else float("inf")
+    return {
+        "s_min": float(s_min),
+        "e_min": float(e_min),
+        "b_crit": float(b_crit),
+        "batches": [int(b) for b in batches],
+    }
+
+
+def write_target_outputs(study, trials, records, num_train):
+    """trials.{csv,json}, steps_to_target.{csv,json}, fit.json and
+    steps_to_target.png in the study dir, from the records of `trials`."""
+    rows = [records[t.key]["row"] for t in trials if t.key in records]
+    if not rows:
+        return
+    config = trials[0].config
+    search = study.search
+    header = {
+        "study": {
+            "mode": "steps_to_target",
+            "target_accuracy": config.target_accuracy,
+            "model": config.model,
+            "dataset": config.dataset,
+            "image_size": config.image_size,
+            "train_examples": num_train,
+            "optimizers": list(study.optimizers),
+            "rule_rates": {k: {"base": v[0], "lr_scaling": v[1]} for k, v in study.rates.items()},
+            "budget_epochs": search.budget_epochs,
+            "min_budget_steps": search.min_budget_steps,
+            "warmup_fraction": search.warmup_fraction,
+            "evaluations_per_epoch": search.evaluations_per_epoch,
+            "rate_step": search.rate_step,
+            "momentum": config.momentum,
+            "weight_decay": config.weight_decay,
+            "end_learning_rate": config.end_learning_rate,
+        }
+    }
+    directory = study.study_dir
+    write_table(os.path.join(directory, "trials"), TRIAL_FIELDS, rows, header)
+    summary = table(rows)
+    write_table(os.path.join(directory, "steps_to_target"), TABLE_FIELDS, summary, header)
+    fits = {
+        o: fit([r for r in summary if r["optimizer"] == o])
+        for o in dict.fromkeys(r["optimizer"] for r in summary)
+    }
+    with storage.atomic_file(os.path.join(directory, "fit.json")) as f:
+        json.dump(dict(header, fits=fits), f, indent=1)
+    title = (
+        f"{config.model} on {config.dataset} ({num_train} training images): steps to "
+        f"test accuracy {config.target_accuracy}, rate tuned per batch"
+    )
+    plot(summary, fits, os.path.join(directory, "steps_to_target.png"), title)
+
+
+def plot(summary, fits, path, title):
+    """Steps and examples to the target against the batch (log-log), one
+    colour per optimizer: the seeds' mean with their range, a miss as an x at
+    its budget, the perfect-scaling line through the smallest batch (dotted)
+    and the fit (dashed)."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    figure = Figure(figsize=(11, 4.6), dpi=100)
+    FigureCanvasAgg(figure)
+    steps_axes, examples_axes = figure.subplots(1, 2)
+    optimizers = list(dict.fromkeys(r["optimizer"] for r in summary))
+    for i, optimizer in enumerate(optimizers):
+        colour = f"C{i}"
+        mine = [r for r in summary if r["optimizer"] == optimizer]
+        hit = [r for r in mine if r["steps_mean"] is not None]
+        missed = [r for r in mine if r["steps_mean"] is None]
+        batches = np.array([r["batch_size"] for r in hit], dtype=float)
+        steps = np.array([r["steps_mean"] for r in hit], dtype=float)
+        spread = np.array([[s - r["steps_min"], r["steps_max"] - s] for r, s in zip(hit, steps)])
+        for axes, scale in ((steps_axes, 1.0), (examples_axes, batches)):
+            if len(hit):
+                axes.errorbar(
+                    batches,
+                    steps * scale,
+                    yerr=spread.T * scale,
+                    color=colour,
+                    marker="o",
+                    capsize=3,
+                    label=optimizer,
+                )
+            for j, r in enumerate(missed):
+                y = r["budget_steps"] * (r["batch_size"] if axes is examples_axes else 1)
+                label = optimizer if not len(hit) and not j else None
+                axes.plot(r["batch_size"], y, "x", color=colour, markersize=9, label=label)
+        if len(hit):
+            grid = np.geomspace(batches[0], max(r["batch_size"] for r in mine), 50)
+            steps_axes.plot(grid, steps[0] * batches[0] / grid, ":", color=colour, alpha=0.6)
+        found = fits.get(optimizer)
+        if found:
+            grid = np.geomspace(min(found["batches"]), max(found["batches"]), 50)
+            curve = found["s_min"] + found["e_min"] / grid
+            steps_axes.plot(grid, curve, "--", color=colour, alpha=0.8)
+            examples_axes.plot(grid, curve * grid, "--", color=colour, alpha=0.8)
+    for axes, label in ((steps_axes, "steps to target"), (examples_axes, "examples to target")):
+        axes.set_xscale("log", base=2)
+        axes.set_yscale("log")
+        axes.set_xlabel("global batch size")
+        axes.set_ylabel(label)
+        axes.grid(True, which="both", alpha=0.3)
+    steps_axes.legend(title="optimizer (x: not reached)", fontsize=8)
+    steps_axes.set_title("dotted: perfect scaling; dashed: S_min + E_min / B", fontsize=8)
+    figure.suptitle(title, fontsize=9)
+    figure.tight_layout()
+    with storage.atomic_file(path, "wb") as f:
+        figure.savefig(f, format="png")

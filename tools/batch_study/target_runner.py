@@ -1,0 +1,148 @@
+"""Running a steps-to-target study (target_search.py): batch by batch, each
+optimizer's rate search, then the extra seeds; every trial the store lacks is
+trained with the training tool and appended to trials.jsonl, and the results
+are rewritten after it. Batch-major order keeps the optimizers side by side
+when a study is stopped part way."""
+
+import dataclasses
+import gc
+import os
+import shutil
+import time
+
+import keras
+
+from keras_lars.tools import input_pipeline
+from keras_lars.tools import train
+from keras_lars.tools.batch_study.cells import resolve_batch_sizes
+from keras_lars.tools.batch_study.runner import train_logged
+from keras_lars.tools.batch_study.store import append_record
+from keras_lars.tools.batch_study.store import load_store
+from keras_lars.tools.batch_study.target_results import TRIAL_FIELDS
+from keras_lars.tools.batch_study.target_results import write_target_outputs
+from keras_lars.tools.batch_study.target_search import best_step
+from keras_lars.tools.batch_study.target_search import budget_steps
+from keras_lars.tools.batch_study.target_search import next_step
+from keras_lars.tools.batch_study.target_search import rule_rate
+from keras_lars.tools.batch_study.target_search import seed_batches
+from keras_lars.tools.batch_study.target_search import trial
+
+TRIALS_FILE = "trials.jsonl"
+
+
+def trial_row(t, summary, wall):
+    """The store's row of Trial `t` from its run's summary."""
+    found = summary["target"]
+    evaluations = summary["evaluations"]
+    spent = sum(h["seconds"] for h in summary["history"])
+    seconds = found["seconds"] if found["reached"] else spent
+    return {
+        "optimizer": t.optimizer,
+        "batch_size": t.batch_size,
+        "seed": t.seed,
+        "rate_step": t.rate_step,
+        "peak_learning_rate": t.config.peak_learning_rate,
+        "reached": found["reached"],
+        "steps": found["step"] if found["reached"] else found["steps"],
+        "examples": found["examples"],
+        "seconds": round(seconds, 3),
+        "best_val_accuracy": max((e["val_accuracy"] for e in evaluations), default=0.0),
+        "budget_steps": t.config.train_steps,
+        "eval_every_steps": t.config.eval_every_steps,
+        "wall_seconds": round(wall, 2),
+        "key": t.key,
+    }
+
+
+def run_trial(t):
+    """Trains Trial `t` (or resumes it); its store record. Its checkpoints
+    are removed once it is stored; its summary and log stay."""
+    started = time.time()
+    summary = train_logged(t.config, "it was stored")
+    row = trial_row(t, summary, time.time() - started)
+    keras.backend.clear_session()
+    gc.collect()
+    shutil.rmtree(os.path.join(t.config.model_dir, "checkpoints"), ignore_errors=True)
+    return {
+        "key": t.key,
+        "finished": time.strftime("%Y-%m-%dT%H:%M:%S"),
+        "config": dataclasses.asdict(t.config),
+        "row": row,
+        "evaluations": summary["evaluations"],
+    }
+
+
+def run_target_study(study):
+    """Runs the trials of the steps-to-target `study` that the store lacks;
+    returns (rows of the study's trials, keys of those trained by this
+    call). SIGTERM, SIGHUP or SIGINT stop it as they stop the training tool."""
+    preemption = train.Preemption()
+    action = "stopping the study at its running trial's next step boundary"
+    with preemption.handling(action=action):
+        return _run(study, preemption)
+
+
+def _run(study, preemption):
+    data = input_pipeline.load(study.shared)
+    num_train = data.info.num_train
+    batches = resolve_batch_sizes(study, num_train)
+    os.makedirs(study.study_dir, exist_ok=True)
+    path = os.path.join(study.study_dir, TRIALS_FILE)
+    records = load_store(path, TRIAL_FIELDS)
+    seen, trained = [], []
+
+    def row_of(t):
+        where = f"[{len(seen) + 1}] {t.label}"
+        if t.key in records:
+            print(f"{where}: done before ({t.name})", flush=True)
+        else:
+            if preemption.signal:
+                raise train.Preempted(
+                    f"stopped by {preemption.signal} before trial {where}; run the same "
+                    "command to go on"
+                )
+            budget = budget_steps(study.search, t.batch_size, num_train)
+            print(f"{where}: up to {budget} steps ...", flush=True)
+            try:
+                record = run_trial(t)
+            except train.Preempted as error:
+                raise train.Preempted(f"trial {where} ({t.name}) {error}") from None
+            append_record(path, record)
+            records[t.key] = record
+            trained.append(t.key)
+            row = record["row"]
+            result = f"reached at step {row['steps']}" if row["reached"] else "not reached"
+            print(
+                f"{where}: {result}, best accuracy {row['best_val_accuracy']:.4f} "
+                f"({row['wall_seconds']:.0f} s)",
+                flush=True,
+            )
+        seen.append(t)
+        if trained and trained[-1] == t.key:
+            write_target_outputs(study, seen, records, num_train)
+        return records[t.key]["row"]
+
+    chosen = {}  # (optimizer, batch) -> (centre, k)
+    for i, batch in enumerate(batches):
+        for optimizer in study.optimizers:
+            centre = rule_rate(study, optimizer, batch)
+            if i:  # the rate chosen at the batch before, scaled by the rule
+                before, k = chosen[(optimizer, batches[i - 1])]
+                ratio = centre / rule_rate(study, optimizer, batches[i - 1])
+                centre = before * study.search.rate_step**k * ratio
+            results = {}
+            while (k := next_step(results, study.search.max_rate_steps)) is not None:
+                results[k] = row_of(trial(study, optimizer, batch, centre, k, 0, num_train))
+            chosen[(optimizer, batch)] = (centre, best_step(results))
+    for batch in seed_batches(study, batches, num_train):
+        for optimizer in study.optimizers:
+            centre, k = chosen[(optimizer, batch)]
+            for seed in range(1, study.seeds):
+                row_of(trial(study, optimizer, batch, centre, k, seed, num_train))
+    write_target_outputs(study, seen, records, num_train)
+    print(
+        f"study: {len(trained)} trial(s) trained, {len(seen) - len(trained)} found done; "
+        f"tables and plot in {study.study_dir}",
+        flush=True,
+    )
+    return [records[t.key]["row"] for t in seen], trained

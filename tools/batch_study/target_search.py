@@ -1,0 +1,129 @@
+"""The steps-to-target mode: per optimizer and batch size, a search over the
+peak learning rate for the fewest steps to the tool's --target_accuracy, then
+more seeds at the chosen rate (Shallue et al. 2019: metaparameters tuned
+separately at every batch size; the fewest steps over the trials counts).
+
+A trial is one run of the training tool (optimizer, batch B, peak rate,
+seed). Its budget at B, with N training examples, is
+
+    T(B) = max(--min_budget_steps, ceil(--budget_epochs * N / B)) steps,
+
+and its schedule is fixed relative to that budget: linear warmup over
+--warmup_fraction of T(B), then power-2 decay to --end_learning_rate at T(B)
+(keras_lars.WarmupPolyDecay). It evaluates --evaluations_per_epoch times an
+epoch (every max(1, floor(N / B / that)) steps) and stops at the first
+evaluation that reaches the target, or runs out of budget: "not reached".
+
+The search (seed 0) tries rates r_k = c * f^k for integers k, f =
+--rate_step. The centre c of the smallest batch is its optimizer's rule rate
+(--base_learning_rates scaled by --lr_scaling); at each larger batch it is the
+rate chosen at the batch before, scaled by the rule from that batch to this.
+It tries k = 0, -1, 1; while the best trial so far (fewest steps to the
+target; of trials that missed it, the highest accuracy) is at the largest or
+smallest k tried, it tries the next k beyond, up to |k| = --max_rate_steps.
+The best trial's rate is chosen; seeds 1 .. --seeds - 1 then run at it, at
+--seed_batch_sizes (default: every batch).
+"""
+
+import dataclasses
+import math
+
+from keras_lars.tools import train
+from keras_lars.tools.batch_study.cells import cell_key
+from keras_lars.tools.batch_study.study import FULL
+from keras_lars.tools.batch_study.study import CellSettings
+
+FIRST_STEPS = (0, -1, 1)
+
+
+@dataclasses.dataclass(frozen=True)
+class Trial:
+    """One run of the search or of the seeds, as the training tool's Config."""
+
+    optimizer: str
+    batch_size: int
+    rate_step: int  # k of r_k = c * f^k
+    seed: int
+    config: train.Config
+    key: str
+
+    @property
+    def name(self):
+        return f"{self.optimizer}-b{self.batch_size}-k{self.rate_step}-s{self.seed}-{self.key[:10]}"
+
+    @property
+    def label(self):
+        rate = self.config.peak_learning_rate
+        return f"{self.optimizer} batch={self.batch_size} rate={rate:.4g} seed={self.seed}"
+
+
+def budget_steps(search, batch_size, num_train):
+    """T(B) of the module docstring."""
+    return max(search.min_budget_steps, math.ceil(search.budget_epochs * num_train / batch_size))
+
+
+def trial(study, optimizer, batch_size, centre, rate_step, seed, num_train):
+    """The Trial at rate centre * f^rate_step (module docstring)."""
+    search = study.search
+    budget = budget_steps(search, batch_size, num_train)
+    epoch = num_train // batch_size  # steps in an epoch (the tool drops the rest)
+    rate = centre * search.rate_step**rate_step
+    cell = CellSettings(
+        optimizer,
+        batch_size,
+        rate,
+        "none",  # the trial's rate is its peak rate
+        seed,
+        model_dir=study.study_dir,
+        train_steps=budget,
+    )
+    config = dataclasses.replace(
+        study.shared,
+        **dataclasses.asdict(cell),
+        warmup_epochs=search.warmup_fraction * budget / epoch,  # the tool rounds to a step
+        eval_every_steps=max(1, epoch // search.evaluations_per_epoch),
+    )
+    key = cell_key(config)
+    config = dataclasses.replace(config, model_dir=f"{study.study_dir}/trials/{optimizer}-{key}")
+    return Trial(optimizer, batch_size, rate_step, seed, config, key)
+
+
+def rule_rate(study, optimizer, batch_size):
+    """The optimizer's rate at `batch_size` by its scaling rule."""
+    base, rule = study.rates[optimizer]
+    return train.scaled_learning_rate(base, batch_size, rule)
+
+
+def score(row):
+    """Orders trials, best first: reached before missed; then fewer steps to
+    the target, or for a miss a higher best accuracy."""
+    if row["reached"]:
+        return (0, row["steps"])
+    return (1, -row["best_val_accuracy"])
+
+
+def best_step(results):
+    """The k of the best of `results` ({k: row}); the smaller |k| on a tie."""
+    return min(results, key=lambda k: (score(results[k]), abs(k), k))
+
+
+def next_step(results, max_steps):
+    """The next k to try given `results` ({k: row} of the trials run), or
+    None when the search is done (module docstring)."""
+    for k in FIRST_STEPS:
+        if k not in results:
+            return k
+    best = best_step(results)
+    if best == max(results) and best < max_steps:
+        return best + 1
+    if best == min(results) and best > -max_steps:
+        return best - 1
+    return None
+
+
+def seed_batches(study, batches, num_train):
+    """The batch sizes (ints) that get the extra seeds."""
+    chosen = study.search.seed_batch_sizes
+    if not chosen:
+        return list(batches)
+    return sorted(num_train if b == FULL else b for b in chosen)
