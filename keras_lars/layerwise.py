@@ -228,6 +228,17 @@ class LayerwiseOptimizer(keras.optimizers.Optimizer):
         3.8.0 and 3.15.1 with TF 2.21); OneDeviceStrategy works."""
         if not self.gradient_accumulation_steps:
             return
+        if isinstance(
+            getattr(self, "_learning_rate", None), keras.optimizers.schedules.LearningRateSchedule
+        ):
+            reason = _internals.problem("keras", KERAS_VERIFIED, _schedule_step_shape)
+            if reason:
+                raise _internals.UnsupportedVersionError(
+                    f"`gradient_accumulation_steps` with a learning-rate schedule in "
+                    f"{self.name!r} needs the schedule to count applied updates, which "
+                    f"keras_lars cannot vouch for here: {reason}. "
+                    f"Use {_internals.describe_versions('keras', KERAS_VERIFIED)}."
+                )
         strategy = _synchronising_strategy()
         if strategy:
             raise ValueError(
@@ -447,6 +458,15 @@ def _add_slots_before_3_10(optimizer, variables, names):
                 None if overwritten else optimizer.add_variable_from_reference(variable, name=name)
             )
     return slots
+
+
+def _schedule_step_shape():
+    """None if Keras's optimizer still takes its rate from
+    `_get_current_learning_rate(self)` (which `_get_current_learning_rate`
+    above overrides), else what differs."""
+    return _internals.signature_mismatch(
+        keras.optimizers.Optimizer, "_get_current_learning_rate", ["self"]
+    )
 
 
 def _synchronising_strategy():

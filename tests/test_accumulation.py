@@ -107,6 +107,16 @@ def test_the_rate_of_applied_update_n_is_the_schedule_at_n():
         assert float(optimizer.learning_rate) == pytest.approx(expected)
 
 
+def test_a_schedule_on_a_keras_outside_the_verified_versions_is_refused(monkeypatch):
+    from keras_lars import _internals
+
+    monkeypatch.setattr(_internals, "installed_version", lambda package: (3, 99, 0))
+    optimizer = make_optimizer("lars", accumulate=True)
+    variables = [keras.Variable(np.ones((2, 2), "float32"))]
+    with pytest.raises(_internals.UnsupportedVersionError, match=r"count applied updates"):
+        optimizer.build(variables)
+
+
 def test_accumulation_on_jax_steps_as_the_whole_batch():
     env = dict(os.environ, KERAS_BACKEND="jax", JAX_PLATFORMS="cpu", PYTHONPATH=ROOT)
     env.pop("XLA_FLAGS", None)

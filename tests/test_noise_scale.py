@@ -299,6 +299,27 @@ def test_bad_arguments_name_the_argument(arguments, message):
         keras_lars.LARS(**arguments)
 
 
+@pytest.mark.parametrize(
+    "backend, message",
+    [
+        ("jax", r"on the JAX backend needs `gradient_accumulation_steps` >= 2"),
+        ("torch", r"measured on the TensorFlow and JAX backends, not on 'torch'"),
+    ],
+)
+def test_a_backend_that_cannot_measure_is_refused_at_construction(monkeypatch, backend, message):
+    monkeypatch.setattr(keras.backend, "backend", lambda: backend)
+    with pytest.raises(ValueError, match=message):
+        keras_lars.LARS(noise_scale_batch_size=8)
+
+
+def test_a_keras_outside_the_verified_versions_is_refused(monkeypatch):
+    from keras_lars import _internals
+
+    monkeypatch.setattr(_internals, "installed_version", lambda package: (3, 99, 0))
+    with pytest.raises(_internals.UnsupportedVersionError, match=r"Keras 3.99.0 is outside"):
+        keras_lars.LAMB(gradient_accumulation_steps=2, noise_scale_batch_size=8)
+
+
 def test_one_device_without_accumulation_is_refused_in_one_line():
     model = keras.Sequential([keras.Input((FEATURES,)), keras.layers.Dense(1)])
     model.compile(keras_lars.LARS(noise_scale_batch_size=8), "mse")
