@@ -42,6 +42,8 @@ from keras_lars.tools.plan.step import layer_choices
 from keras_lars.tools.plan.step import leave_one_out
 from keras_lars.tools.plan.step import plan_run
 from keras_lars.tools.plan.step import records_rows
+from keras_lars.tools.plan.target_flags import TargetSettings
+from keras_lars.tools.plan.time_to_accuracy import report as time_to_accuracy_report
 from keras_lars.tools.schedule_flags import SETS
 from keras_lars.tools.schedule_flags import first_phase_value
 from keras_lars.tools.schedule_flags import phases_problem
@@ -132,9 +134,10 @@ def _from_device(value, config):
 
 
 @dataclasses.dataclass(frozen=True)
-class PlanSettings:
+class PlanSettings(TargetSettings):
     """The inputs of keras-lars-plan (defaults: ResNet-50, 64 V100s in nodes
-    of 8, mixed precision, 128 images a device, 90 epochs)."""
+    of 8, mixed precision, 128 images a device, 90 epochs); the time-to-accuracy
+    ones: target_flags.TargetSettings."""
 
     model: str = setting(
         "resnet50",
@@ -920,6 +923,13 @@ def main(argv):
     options = settings.options_from_flags(PlanSettings)
     if options.records:
         print(records_text())
+        return
+    try:  # --target_study, --target_s_min or --target_noise_scale: time to accuracy instead
+        accuracy = time_to_accuracy_report(options, duration)
+    except ConfigError as error:
+        sys.exit(f"error: {error}")
+    if accuracy:
+        print(accuracy)
         return
     layout_lines = None
     if options.layout_out:  # before the report: a layout that cannot be made is one line

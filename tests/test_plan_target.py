@@ -1,0 +1,277 @@
+"""keras-lars-plan in time to accuracy (tools/plan/target_curve.py,
+tools/plan/time_to_accuracy.py): the curve S(B) = S_min + E_min / B from a
+study's fit.json, from S_min and B_crit, from a noise scale; a measured run's
+throughput scaling the step model; the batch x devices grid with gradient
+accumulation, the fastest and the cheapest cell; every bad input one line.
+The expected numbers are worked by hand from the equations."""
+
+import json
+import os
+
+import pytest
+
+from keras_lars.tools.plan import cli
+from keras_lars.tools.plan import target_curve
+from keras_lars.tools.plan import time_to_accuracy as tta
+from keras_lars.tools.settings import ConfigError
+
+FIT = {
+    "study": {
+        "mode": "steps_to_target",
+        "target_accuracy": 0.8,
+        "model": "simple_cnn",
+        "dataset": "digits",
+        "image_size": 28,
+        "train_examples": 1437,
+        "optimizers": ["lamb", "sgd"],
+    },
+    "fits": {
+        "lamb": {"s_min": 20.0, "e_min": 6400.0, "b_crit": 320.0, "batches": [32, 128, 512]},
+        "sgd": None,
+    },
+}
+# a device of 1,000 images/s, no fixed time; 1M float32 parameters (4 MB); a ring in one node
+# of 8 at 50 GB/s and 5 us a message
+CUSTOM = dict(
+    model="custom",
+    parameters=1_000_000,
+    forward_gflops=1.0,
+    images_per_second=1000.0,
+    algorithm="ring",
+    devices=8,
+    devices_per_node=8,
+    overlap=False,
+)
+ONE = dict(devices=1, devices_per_node=1)
+
+
+def settings(**values):
+    return cli.PlanSettings(**values)
+
+
+def write_study(directory, document=FIT):
+    os.makedirs(directory, exist_ok=True)
+    with open(os.path.join(directory, "fit.json"), "w") as f:
+        json.dump(document, f)
+    return str(directory)
+
+
+def write_run(directory, rate=500.0, batch=256, replicas=1, **config):
+    """A training run's summary.json and one checkpoint state with its layout."""
+    os.makedirs(os.path.join(directory, "checkpoints"), exist_ok=True)
+    summary = {
+        "train_images_per_second": rate,
+        "config": {"model": "simple_cnn", "image_size": 28, "global_batch_size": batch, **config},
+    }
+    with open(os.path.join(directory, "summary.json"), "w") as f:
+        json.dump(summary, f)
+    if replicas:
+        with open(os.path.join(directory, "checkpoints", "ckpt-0002.json"), "w") as f:
+            json.dump({"layout": {"workers": 1, "replicas": replicas}}, f)
+    return str(directory)
+
+
+# --- the curve ---------------------------------------------------------------------------------
+def test_a_study_fit_gives_the_curve_and_its_measured_batches(tmp_path):
+    curve = target_curve.study_curve(write_study(tmp_path / "study"), "lamb")
+    assert curve.steps(128) == 20 + 6400 / 128 == 70.0
+    assert curve.b_crit == 320.0
+    assert curve.measured == (32, 128, 512) and curve.max_batch == 1437
+    assert [curve.extrapolated(b) for b in (16, 32, 512, 1024)] == [True, False, False, True]
+    assert curve.target == "accuracy 0.8 of simple_cnn on digits"
+
+
+def test_s_min_with_b_crit_or_e_min():
+    by_b_crit = target_curve.given_curve(100.0, 0.0, 1000.0)
+    by_e_min = target_curve.given_curve(100.0, 100_000.0, 0.0)
+    assert by_b_crit.e_min == by_e_min.e_min == 100_000.0
+    assert by_b_crit.steps(250) == 100 + 400 == 500.0
+    assert not by_b_crit.extrapolated(10**6)  # given, not measured: nothing to flag
+
+
+def test_a_noise_scale_and_one_point():
+    # S_1 = S_min (1 + B_noise / B_1): 300 = S_min (1 + 500 / 250) -> S_min 100, E_min 50,000
+    curve = target_curve.noise_scale_curve(500.0, 300.0, 250)
+    assert curve.s_min == pytest.approx(100.0) and curve.e_min == pytest.approx(50_000.0)
+    assert curve.steps(1000) == pytest.approx(150.0)
+    assert curve.measured == (250,) and curve.extrapolated(1000)
+
+
+# --- a cell ------------------------------------------------------------------------------------
+def test_a_cell_is_steps_times_the_step():
+    options = settings(**CUSTOM)
+    curve = target_curve.given_curve(100.0, 0.0, 1000.0)
+    cell = tta.cell(options, curve, 1024, 4, 1.0)
+    # 256 images a device at 1,000/s; ring over 4 of one node: 2*3*5e-6 + 2*3/4 * 4e6 / 50e9
+    step = 0.256 + 6 * 5e-6 + 1.5 * 4e6 / 50e9
+    steps = 100 + 100_000 / 1024
+    assert cell.step.step == pytest.approx(step, rel=1e-12)
+    assert cell.seconds == pytest.approx(steps * step, rel=1e-12)
+    assert cell.device_hours == pytest.approx(steps * step * 4 / 3600, rel=1e-12)
+
+
+@pytest.mark.parametrize(
+    "batch, devices, refused",
+    [(1000, 3, "-"), (2, 4, "-"), (1024, 12, "-"), (2048, 4, "")],
+    ids=["not divisible", "fewer images than devices", "partial node", "runs"],
+)
+def test_cells_that_cannot_run(batch, devices, refused):
+    options = settings(**CUSTOM)
+    curve = target_curve.given_curve(100.0, 0.0, 1000.0)
+    assert tta.cell(options, curve, batch, devices, 1.0).refused == refused
+
+
+def test_a_batch_that_does_not_fit_accumulates_the_fewest_micro_batches():
+    # 62 MB: the weights, gradients and slots take 60.07 MB, 18 float16 images fit (tight)
+    options = settings(
+        model="simple_cnn", image_size=28, device_memory_gb=0.062, global_batch_size=1, **ONE
+    )
+    per_image = tta.memory_estimate(options.profile(), 1, 2, 1.0).activations
+    fixed = tta.memory_estimate(options.profile(), 0, 2, 1.0).total
+    fits = int((0.062e9 - fixed) // per_image)
+    assert fits == 18  # 64 images need 4 micro-batches of 16
+    k = 4
+    curve = target_curve.given_curve(10.0, 0.0, 100.0)
+    cell = tta.cell(options, curve, 64, 1, 1.0)
+    assert cell.accumulation == k > 1
+    one = tta.cell_step(options, 64 // k, 1)
+    assert cell.step.compute == pytest.approx(k * one.compute, rel=1e-12)
+    assert cell.step.fixed == one.fixed
+
+
+def test_the_fastest_and_the_cheapest():
+    options = settings(**CUSTOM, target_batches="256,1024", target_devices="1,4")
+    curve = target_curve.given_curve(100.0, 0.0, 1000.0)
+    cells = tta.grid(options, curve, 1.0)
+    comm = 6 * 5e-6 + 1.5 * 4e6 / 50e9
+    seconds = {
+        (256, 1): (100 + 100_000 / 256) * 0.256,
+        (256, 4): (100 + 100_000 / 256) * (0.064 + comm),
+        (1024, 1): (100 + 100_000 / 1024) * 1.024,
+        (1024, 4): (100 + 100_000 / 1024) * (0.256 + comm),
+    }
+    got = {(c.batch, c.devices): c.seconds for row in cells for c in row}
+    assert got == pytest.approx(seconds, rel=1e-12)
+    fastest, cheapest = tta.best(cells)
+    assert (fastest.batch, fastest.devices) == (256, 4)  # 491 steps x 64.2 ms = 31.5 s
+    assert (cheapest.batch, cheapest.devices) == (256, 1)  # 125.7 s on one: 0.0349 device-h
+
+
+# --- a measured run -----------------------------------------------------------------------------
+def test_a_run_scales_the_model_to_its_own_step(tmp_path):
+    run = tta.read_run(write_run(tmp_path / "run", rate=500.0, batch=256))
+    assert (run.replicas, run.accumulation, run.step_seconds) == (1, 1, 256 / 500)
+    options = tta.run_options(settings(**ONE), run)
+    assert (options.model, options.image_size) == ("simple_cnn", 28)
+    scale = tta.calibrate_scale(options, run)
+    assert tta.cell_step(options, 256, 1, 1, scale).step == pytest.approx(0.512, rel=1e-9)
+    # one device: every second of the model is the device's, scaled alike
+    ratio = tta.cell_step(options, 1024, 1).step / tta.cell_step(options, 256, 1).step
+    assert tta.cell_step(options, 1024, 1, 1, scale).step == pytest.approx(0.512 * ratio)
+
+
+def test_a_run_on_two_replicas_keeps_the_communication_unscaled(tmp_path):
+    run = tta.read_run(write_run(tmp_path / "run", rate=500.0, batch=256, replicas=2))
+    options = tta.run_options(settings(**CUSTOM), run)
+    scale = tta.calibrate_scale(options, run)
+    step = tta.cell_step(options, 256, 2, 1, scale)
+    # no overlap: measured = scale * (compute + fixed) + the all-reduce (4 bytes a parameter)
+    parameters = options.profile().parameters
+    comm = 2 * 5e-6 + 4 * parameters / 50e9
+    assert step.communication == pytest.approx(comm, rel=1e-12)
+    assert step.step == pytest.approx(0.512, rel=1e-9)
+
+
+def test_the_report_from_a_study_and_a_run(tmp_path):
+    options = settings(
+        target_study=write_study(tmp_path / "study"),
+        target_optimizer="lamb",
+        from_run=write_run(tmp_path / "run"),
+        target_devices="1,2",
+        **ONE,
+    )
+    text = tta.report(options, cli.duration)
+    lines = text.splitlines()
+    assert lines[0] == (
+        "time to accuracy 0.8 of simple_cnn on digits: S(B) = S_min + E_min / B = 20.0 + "
+        "6,400 / B steps, B_crit = E_min / S_min = 320"
+    )
+    assert f"--from_run {tmp_path}/run/summary.json measured 500.0 images/s at batch 256" in text
+    rows = [line.split() for line in lines if line.lstrip().startswith(("32 ", "1,024*"))]
+    assert rows[0][:2] == ["32", "220"] and rows[1][:2] == ["1,024*", "26"]  # 20 + 6400/1024
+    assert "*: outside the batches measured (32 .. 512): S(B) extrapolated" in lines
+    assert lines[-2].startswith("fastest   batch ") and lines[-1].startswith("cheapest  batch ")
+
+
+# --- bad input: one line naming the flag and the file --------------------------------------------
+def _main(monkeypatch, capsys, **values):
+    options = settings(**values)
+    monkeypatch.setattr(cli.settings, "options_from_flags", lambda schema: options)
+    with pytest.raises(SystemExit) as stopped:
+        cli.main(["keras-lars-plan"])
+    assert capsys.readouterr().out == ""
+    return str(stopped.value.code)
+
+
+def test_bad_studies_are_one_line(tmp_path, monkeypatch, capsys):
+    missing = str(tmp_path / "missing")
+    assert _main(monkeypatch, capsys, target_study=missing) == (
+        f"error: --target_study={missing}: no such directory."
+    )
+    empty = str(tmp_path / "empty")
+    os.makedirs(empty)
+    assert _main(monkeypatch, capsys, target_study=empty) == (
+        f"error: --target_study={empty}: cannot read {empty}/fit.json: No such file or directory."
+    )
+    study = write_study(tmp_path / "study")
+    path = f"{study}/fit.json"
+    assert _main(monkeypatch, capsys, target_study=study) == (
+        f"error: --target_optimizer: the study {path} has several optimizers (lamb, sgd): name one."
+    )
+    assert _main(monkeypatch, capsys, target_study=study, target_optimizer="adam") == (
+        f"error: --target_optimizer=adam: the study {path} has no adam (it has lamb, sgd)."
+    )
+    assert _main(monkeypatch, capsys, target_study=study, target_optimizer="sgd") == (
+        f"error: --target_optimizer=sgd: the study {path} has no fit for sgd: fewer than 3 "
+        "batches where every seed reached the target."
+    )
+    with open(path, "w") as f:
+        f.write("{")
+    message = _main(monkeypatch, capsys, target_study=study)
+    assert message.startswith(f"error: --target_study={study}: {path} is not JSON: ")
+    assert "\n" not in message
+
+
+def test_bad_curves_and_runs_are_one_line(tmp_path, monkeypatch, capsys):
+    assert _main(monkeypatch, capsys, target_b_crit=100.0) == (
+        "error: --target_s_min=0: must be > 0 with --target_b_crit or --target_e_min."
+    )
+    assert _main(monkeypatch, capsys, target_s_min=10.0) == (
+        "error: --target_s_min: give one of --target_b_crit and --target_e_min with it "
+        "(given: --target_b_crit=0, --target_e_min=0)."
+    )
+    assert _main(monkeypatch, capsys, target_noise_scale=100.0, target_measured_batch=32) == (
+        "error: --target_measured_steps=0: must be > 0 (--target_noise_scale needs "
+        "--target_measured_steps and --target_measured_batch: the steps one run took to the "
+        "target at that batch)."
+    )
+    with pytest.raises(ConfigError, match=r"^--target_s_min=-1.0: must be > 0 \(0: not given\)\.$"):
+        settings(target_s_min=-1.0)
+    given = dict(target_s_min=10.0, target_b_crit=100.0)
+    missing = str(tmp_path / "nothing")
+    assert _main(monkeypatch, capsys, **given, from_run=missing) == (
+        f"error: --from_run={missing}: cannot read {missing}: No such file or directory."
+    )
+    untimed = write_run(tmp_path / "untimed", rate=None)
+    assert _main(monkeypatch, capsys, **given, from_run=untimed) == (
+        f"error: --from_run={untimed}: {untimed}/summary.json has no train_images_per_second "
+        "(no epoch of the run was timed): train at least 2 epochs, or a longer epoch."
+    )
+    unknown = write_run(tmp_path / "unknown", replicas=0)
+    assert _main(monkeypatch, capsys, **given, from_run=unknown) == (
+        f"error: --from_run={unknown}: {unknown}/summary.json: the run's replica count is not "
+        "recorded (no checkpoints/ckpt-*.json beside it with a layout): give --from_run_devices."
+    )
+    assert _main(monkeypatch, capsys, **given, target_noise_scale=5.0) == (
+        "error: --target_s_min: one source of steps to the target, not also --target_noise_scale."
+    )

@@ -1,0 +1,206 @@
+"""Steps to a target accuracy against the global batch: the curve of
+McCandlish et al. 2018, "An Empirical Model of Large-Batch Training"
+(arXiv:1812.06162), from one of three sources.
+
+Steps S and examples E = B S to a target trade off as
+
+    (S / S_min - 1) (E / E_min - 1) = 1,  i.e.  S(B) = S_min + E_min / B
+                                               = S_min (1 + B_crit / B),
+
+B_crit = E_min / S_min: the batch that takes twice the fewest steps and
+twice the fewest examples. The sources:
+
+    a steps-to-target study   `keras-lars-study --mode=steps_to_target`'s
+                              fit.json, one optimizer's fit (S_min, E_min over
+                              the batches where every seed reached the target)
+    S_min and B_crit (or E_min), given
+    a gradient noise scale    B_noise ~ B_crit (the paper's B_simple predicts
+                              B_crit) and one measured point, S_1 steps at
+                              B_1: S_min = S_1 / (1 + B_noise / B_1)
+
+Every error is one line naming the flag (and the file).
+"""
+
+import dataclasses
+import json
+import math
+import os
+
+from keras_lars.tools.settings import ConfigError
+
+FIT_FILE = "fit.json"  # tools/batch_study/target_results.write_target_outputs
+
+
+@dataclasses.dataclass(frozen=True)
+class StepsCurve:
+    """S(B) = s_min + e_min / B; `measured`: the batches the curve was
+    measured at (a study's fitted batches, the noise scale's one point;
+    empty: none, S_min and B_crit given); `max_batch`: the study's training
+    examples (None: not known); `source`: where it comes from, as text."""
+
+    s_min: float
+    e_min: float
+    source: str
+    measured: tuple = ()
+    max_batch: int = None
+    target: str = ""  # "accuracy 0.9 of simple_cnn on fashion_mnist" where known
+
+    @property
+    def b_crit(self):
+        return self.e_min / self.s_min if self.s_min > 0 else math.inf
+
+    def steps(self, batch):
+        """S(B): the steps to the target at global batch `batch`."""
+        return self.s_min + self.e_min / batch
+
+    def extrapolated(self, batch):
+        """True where `batch` lies outside the measured batches (a curve with
+        none measured extrapolates nowhere: it is the given model)."""
+        if not self.measured:
+            return False
+        return not min(self.measured) <= batch <= max(self.measured)
+
+    def equation(self):
+        b_crit = "inf (S = S_min)" if math.isinf(self.b_crit) else f"{self.b_crit:,.0f}"
+        return (
+            f"S(B) = S_min + E_min / B = {self.s_min:,.1f} + {self.e_min:,.0f} / B steps, "
+            f"B_crit = E_min / S_min = {b_crit}"
+        )
+
+
+def given_curve(s_min, e_min, b_crit):
+    """The curve of --target_s_min with --target_b_crit or --target_e_min
+    (each > 0; the third follows)."""
+    if s_min <= 0:
+        raise ConfigError(
+            f"--target_s_min={s_min:g}: must be > 0 with --target_b_crit or --target_e_min."
+        )
+    if bool(e_min) == bool(b_crit):
+        raise ConfigError(
+            "--target_s_min: give one of --target_b_crit and --target_e_min with it "
+            f"(given: --target_b_crit={b_crit:g}, --target_e_min={e_min:g})."
+        )
+    for name, value in (("target_b_crit", b_crit), ("target_e_min", e_min)):
+        if value < 0:
+            raise ConfigError(f"--{name}={value:g}: must be > 0.")
+    e_min = e_min or s_min * b_crit
+    source = f"--target_s_min={s_min:g}, " + (
+        f"--target_b_crit={b_crit:g}" if b_crit else f"--target_e_min={e_min:g}"
+    )
+    return StepsCurve(s_min, e_min, source)
+
+
+def noise_scale_curve(noise_scale, steps, batch):
+    """The curve through one measured point (`steps` at `batch`) with
+    B_crit = the measured noise scale."""
+    for name, value in (
+        ("target_noise_scale", noise_scale),
+        ("target_measured_steps", steps),
+        ("target_measured_batch", batch),
+    ):
+        if value <= 0:
+            raise ConfigError(
+                f"--{name}={value:g}: must be > 0 (--target_noise_scale needs "
+                "--target_measured_steps and --target_measured_batch: the steps one run took "
+                "to the target at that batch)."
+            )
+    s_min = steps / (1 + noise_scale / batch)
+    source = (
+        f"B_crit = --target_noise_scale={noise_scale:g}, through {steps:g} steps at batch "
+        f"{batch:,} (--target_measured_steps, --target_measured_batch)"
+    )
+    return StepsCurve(s_min, s_min * noise_scale, source, measured=(batch,))
+
+
+def study_curve(directory, optimizer):
+    """One optimizer's curve from a steps-to-target study's fit.json
+    (`optimizer` '': the study's only one)."""
+    flag = f"--target_study={directory}"
+    if not os.path.isdir(directory):
+        raise ConfigError(f"{flag}: no such directory.")
+    path = os.path.join(directory, FIT_FILE)
+    try:
+        with open(path) as f:
+            document = json.load(f)
+    except OSError as error:
+        raise ConfigError(f"{flag}: cannot read {path}: {error.strerror or error}.") from None
+    except (ValueError, UnicodeDecodeError) as error:
+        raise ConfigError(f"{flag}: {path} is not JSON: {error}.") from None
+    fits = document.get("fits") if isinstance(document, dict) else None
+    study = document.get("study") if isinstance(document, dict) else None
+    if not isinstance(fits, dict) or not isinstance(study, dict) or not fits:
+        raise ConfigError(
+            f'{flag}: {path} is not a steps-to-target study\'s fit (no "study" and "fits").'
+        )
+    names = ", ".join(sorted(fits))
+    if not optimizer:
+        if len(fits) > 1:
+            raise ConfigError(
+                f"--target_optimizer: the study {path} has several optimizers ({names}): name one."
+            )
+        optimizer = next(iter(fits))
+    if optimizer not in fits:
+        raise ConfigError(
+            f"--target_optimizer={optimizer}: the study {path} has no {optimizer} (it has {names})."
+        )
+    fit = fits[optimizer]
+    if fit is None:
+        raise ConfigError(
+            f"--target_optimizer={optimizer}: the study {path} has no fit for {optimizer}: "
+            "fewer than 3 batches where every seed reached the target."
+        )
+    try:
+        s_min, e_min = float(fit["s_min"]), float(fit["e_min"])
+        batches = tuple(int(b) for b in fit["batches"])
+    except (KeyError, TypeError, ValueError):
+        raise ConfigError(
+            f"{flag}: {path}: the fit of {optimizer} is not {{s_min, e_min, b_crit, batches}}."
+        ) from None
+    if not (s_min >= 0 and e_min >= 0 and s_min + e_min > 0 and batches):
+        raise ConfigError(
+            f"{flag}: {path}: the fit of {optimizer} has S_min {s_min:g}, E_min {e_min:g}: "
+            "no curve."
+        )
+    target = (
+        f"accuracy {study.get('target_accuracy')} of {study.get('model')} on {study.get('dataset')}"
+    )
+    examples = study.get("train_examples")
+    return StepsCurve(
+        s_min,
+        e_min,
+        f"--target_study={path}, {optimizer}, fitted on batches "
+        f"{', '.join(f'{b:,}' for b in batches)}",
+        measured=batches,
+        max_batch=examples if isinstance(examples, int) and examples > 0 else None,
+        target=target,
+    )
+
+
+def curve(options):
+    """The StepsCurve the flags give (None: no time-to-accuracy source);
+    one source at most."""
+    sources = [
+        name
+        for name, given in (
+            ("--target_study", options.target_study),
+            (
+                "--target_s_min",
+                options.target_s_min or options.target_b_crit or options.target_e_min,
+            ),
+            ("--target_noise_scale", options.target_noise_scale),
+        )
+        if given
+    ]
+    if not sources:
+        return None
+    if len(sources) > 1:
+        raise ConfigError(
+            f"{sources[0]}: one source of steps to the target, not also {sources[1]}."
+        )
+    if options.target_study:
+        return study_curve(options.target_study, options.target_optimizer)
+    if options.target_noise_scale:
+        return noise_scale_curve(
+            options.target_noise_scale, options.target_measured_steps, options.target_measured_batch
+        )
+    return given_curve(options.target_s_min, options.target_e_min, options.target_b_crit)

@@ -1,0 +1,108 @@
+"""keras-lars-plan's time-to-accuracy settings (tools/plan/time_to_accuracy.py),
+declared apart so that the planner's settings (cli.PlanSettings) take them
+by inheritance: a steps-to-target curve (target_curve.py), the user's
+measured run, and the batch x devices grid."""
+
+import dataclasses
+
+from keras_lars.tools.settings import at_least
+from keras_lars.tools.settings import setting
+
+DEFAULT_DEVICE_COUNTS = "1,2,4,8,16,32,64,128,256"
+MAX_GRID = 32  # rows or columns
+
+
+def parse_counts(text):
+    """'1,2,4' -> (1, 2, 4); ValueError naming what is wrong."""
+    values = []
+    for item in text.split(","):
+        item = item.strip()
+        if not (item.isascii() and item.isdigit()) or int(item) < 1:
+            raise ValueError(f"{item!r} is not a whole number >= 1")
+        values.append(int(item))
+    if len(values) > MAX_GRID:
+        raise ValueError(f"at most {MAX_GRID} values")
+    return tuple(sorted(set(values)))
+
+
+def _counts(value, config):
+    if not value:
+        return None
+    try:
+        parse_counts(value)
+    except ValueError as error:
+        return f"must be whole numbers >= 1, separated by commas: {error}"
+    return None
+
+
+def _positive_or_unset(value, config):
+    return None if value >= 0 else "must be > 0 (0: not given)"
+
+
+@dataclasses.dataclass(frozen=True)
+class TargetSettings:
+    """Time to accuracy: any one of --target_study, --target_s_min (with
+    --target_b_crit or --target_e_min) and --target_noise_scale (with
+    --target_measured_steps and --target_measured_batch) prints it."""
+
+    target_study: str = setting(
+        "",
+        "Time to accuracy from a steps-to-target study: the directory of keras-lars-study "
+        "--mode=steps_to_target (its fit.json: S(B) = S_min + E_min / B).",
+    )
+    target_optimizer: str = setting(
+        "", "The --target_study optimizer whose fit to use; empty: the study's only one."
+    )
+    target_s_min: float = setting(
+        0.0,
+        "Time to accuracy from given steps: S_min, the fewest steps to the target (at a "
+        "batch far above B_crit); with --target_b_crit or --target_e_min.",
+        check=_positive_or_unset,
+    )
+    target_b_crit: float = setting(
+        0.0,
+        "B_crit = E_min / S_min, the critical batch (with --target_s_min).",
+        check=_positive_or_unset,
+    )
+    target_e_min: float = setting(
+        0.0,
+        "E_min, the fewest examples to the target (at a batch far below B_crit; with "
+        "--target_s_min).",
+        check=_positive_or_unset,
+    )
+    target_noise_scale: float = setting(
+        0.0,
+        "Time to accuracy from a measured gradient noise scale B_noise, taken as B_crit "
+        "(McCandlish et al. 2018), with one measured point: --target_measured_steps at "
+        "--target_measured_batch.",
+        check=_positive_or_unset,
+    )
+    target_measured_steps: float = setting(
+        0.0, "Steps one run took to the target at --target_measured_batch.", check=at_least(0.0)
+    )
+    target_measured_batch: int = setting(
+        0, "The global batch of the --target_measured_steps run.", check=at_least(0)
+    )
+    from_run: str = setting(
+        "",
+        "A keras-lars-train run (its model dir or summary.json) whose measured "
+        "train_images_per_second scales the planner's step model (time to accuracy); its "
+        "model and image size are planned.",
+    )
+    from_run_devices: int = setting(
+        0,
+        "Replicas the --from_run run trained on; 0: its newest checkpoint's record of them "
+        "(checkpoints/ckpt-*.json, layout.replicas).",
+        check=at_least(0),
+    )
+    target_batches: str = setting(
+        "",
+        "Global batches of the time-to-accuracy grid, e.g. 256,1024,4096; empty: powers of "
+        "two around the curve's measured batches (or B_crit).",
+        check=_counts,
+    )
+    target_devices: str = setting(
+        DEFAULT_DEVICE_COUNTS,
+        "Device counts of the time-to-accuracy grid.",
+        check=_counts,
+    )
