@@ -147,7 +147,9 @@ def test_records_table_text_and_inputs():
     assert text[1].split()[-6:] == ["u", "LOO", "verdict", "(a)", "/", "(b)"]
     assert text[-4].startswith("(a) one u: 6 of 18 scored records within +-30%")
     assert text[-3].startswith("(b) per device: 1 of 8 scored records within +-30%")
-    assert text[-2].startswith("leave-one-out: u fitted on each of the 20 records")
+    assert text[-2].startswith(
+        "leave-one-out: each of the 20 records predicted at the u fitted on the other 19"
+    )
     jia = plan.cli._inputs_text(plan.record("jia2018"))
     assert jia == "varied: activation_dtype, overlap; assumed: devices_per_node"
     assert plan.cli._inputs_text(plan.record("goyal2017")) == "all published"

@@ -812,14 +812,15 @@ def _per_device_u(rec):
 
 
 def leave_one_out_lines(results):
-    """The leave-one-out summary: u fitted on each record, the others' errors."""
+    """The leave-one-out summary: each record predicted at the u fitted on
+    the others."""
     us = sorted(result.utilization for result in results)
-    within = [result.within for result in results]
+    errors = sorted(abs(result.error) for result in results)
     return [
-        f"leave-one-out: u fitted on each of the {len(results)} records in turn ranges "
-        f"{us[0]:.2f} .. {us[-1]:.2f} (median {us[len(us) // 2]:.2f}); predicting the other "
-        f"{len(results) - 1} at it, {min(within)} .. {max(within)} are within "
-        f"+-{TOLERANCE:.0%} (median {sorted(within)[len(within) // 2]})",
+        f"leave-one-out: each of the {len(results)} records predicted at the u fitted on the "
+        f"other {len(results) - 1} (the geometric median of their fit u: {us[0]:.2f} .. "
+        f"{us[-1]:.2f}): {sum(result.within for result in results)} within +-{TOLERANCE:.0%} "
+        f"(median |error| {errors[len(errors) // 2]:.0%})",
     ]
 
 
@@ -831,8 +832,8 @@ def _both_models():
 def records_text():
     """The records table; `one u`: predicted and error at the fitted u;
     `per device`: each device's calibrated u and the error under it; `fit
-    u`: the utilization that would reproduce the published time; `LOO`: how
-    many of the other records are within the tolerance at that utilization."""
+    u`: the utilization that would reproduce the published time; `LOO`: the
+    record's error at the u fitted on all the others (step.leave_one_out)."""
     rows, calibrated, loo = _both_models()
     lines = [
         f"ResNet-50 / ImageNet: published vs predicted from the records' hardware, (a) at one "
@@ -841,7 +842,7 @@ def records_text():
         f"within: the whole range over the assumed inputs inside +-{TOLERANCE:.0%}",
         f"{'record':<22}{'hardware':<22}{'batch':>15}{'epochs':>7}{'published':>11}"
         f"{'(a) predicted':>14}{'error (range)':>17}{'(b) u':>7}{'predicted':>11}"
-        f"{'error (range)':>17}{'fit u':>7}{'LOO':>5}  verdict (a) / (b)",
+        f"{'error (range)':>17}{'fit u':>7}{'LOO':>7}  verdict (a) / (b)",
     ]
     for row, other, result in zip(rows, calibrated, loo):
         rec = row.record
@@ -851,7 +852,7 @@ def records_text():
             f"{rec.epochs:>7g}{duration(rec.published_seconds):>11}"
             f"{duration(row.predicted):>14}{_range_text(row):>17}{_per_device_u(rec):>7}"
             f"{predicted:>11}{_range_text(other):>17}"
-            f"{result.utilization:>7.3f}{result.within:>5}  "
+            f"{result.fitted:>7.3f}{_percent(result.error):>7}  "
             f"{_verdict(rec, row)} / {_verdict(rec, other)}"
         )
     lines += [score_line(rows), score_line(calibrated, PER_DEVICE)]
@@ -908,7 +909,7 @@ def records_markdown():
             f"{_inputs_text(rec)} | {duration(row.predicted)} | {_range_text(row)} | "
             f"{verdicts[0]} | {_per_device_u(rec)} | "
             f"{duration(other.predicted) if other else '-'} | {_range_text(other)} | "
-            f"{verdicts[1]} | {result.utilization:.3f} | {result.within} |"
+            f"{verdicts[1]} | {result.fitted:.3f} | {_percent(result.error)} |"
         )
     lines += ["", score_line(rows) + ".", "", score_line(calibrated, PER_DEVICE) + ".", ""]
     lines += [line + "." for line in leave_one_out_lines(loo)]

@@ -257,7 +257,8 @@ RECORDS = (
                 "2048 Xeon Phi 7250, 90 epochs, 20 minutes, LARS in FP32 (abstract)"
             ),
             "devices_per_node": "one KNL a Stampede2 node (Cornell Virtual Workshop)",
-            "global_batch": "32K (the ResNet-50 batch of the paper's tables, via REFERENCES)",
+            "global_batch": "32K (the ResNet-50 batch of You et al.'s tables, arXiv:1709.05011, "
+            "as secondary sources quote it; the full text was not found)",
         },
         assumed={
             "inter_bandwidth": (100e9 / 8,),  # Stampede2's Omni-Path
@@ -356,8 +357,12 @@ RECORDS = (
         published_seconds=122,
         overlap=False,
         sources={
-            "published_seconds, devices, global_batch": "122 s on 3,456 V100, batch 55,296 "
-            "(abstract v2; Yamazaki et al.'s comparison table)",
+            "published_seconds": "122 s (abstract v2: the time, ABCI, 2D-torus all-reduce, "
+            "batch-size control and label smoothing; no GPU count, batch or epochs)",
+            "devices, global_batch": '3,456 V100, batch 55,296 (Mikami et al., "Massively '
+            'Distributed SGD: ImageNet/ResNet-50 Training in a Flash", arXiv:1811.05233v2, '
+            "the paper body; repeated in Yamazaki et al. 2019's comparison table, "
+            "arXiv:1903.12650)",
             "algorithm, activation_dtype, gradient_dtype": "as mikami2018",
             "device, devices_per_node, inter_bandwidth": _ABCI,
         },
@@ -388,7 +393,8 @@ RECORDS = (
             "activation_dtype": "bfloat16 (the TPU's matrix units)",
             "intra_bandwidth, inter_bandwidth, devices_per_node": "340 TB/s all-reduce "
             "bandwidth a 1024-chip pod (cloud.google.com/tpu/docs/v3)",
-            "global_batch": "32K for 2.2 min (REFERENCES: 1.8 min at 64K)",
+            "global_batch": "32K for 2.2 min (Ying et al.; their 64K run took 1.8 min, as "
+            "Yamazaki et al. 2019's comparison table lists it, arXiv:1903.12650)",
         },
         assumed={
             "epochs": (90,),  # 1.05M images/s x 2.2 min = 108 epochs of steps
