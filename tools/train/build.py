@@ -23,8 +23,17 @@ def create_model(config, num_classes):
 
 def create_optimizer(config, schedule):
     """LARS / LAMB / momentum SGD with coupled weight decay. Rank-1 variables
-    (biases, batch norm) get no weight decay and no layer adaptation."""
+    (biases, batch norm) get no weight decay and no layer adaptation. With
+    --gradient_accumulation_steps the optimizer accumulates (the schedule
+    counts updates); with --noise_scale it measures B_simple at the batch of
+    one step (keras_lars.noise_scale)."""
     record = config.trust_ratio_log_every > 0
+    shared = {  # gradient accumulation and the noise scale (None: off)
+        "gradient_accumulation_steps": config.gradient_accumulation_steps
+        if config.gradient_accumulation_steps > 1
+        else None,
+        "noise_scale_batch_size": config.micro_batch_size if config.noise_scale else None,
+    }
     if config.optimizer == "lamb":
         return keras_lars.LAMB(
             schedule,
@@ -33,6 +42,7 @@ def create_optimizer(config, schedule):
             exclude_rank_one=True,
             record_trust_ratios=record,
             allreduce_dtype=config.allreduce_dtype,
+            **shared,
         )
     # Momentum SGD is LARS with every variable excluded from layer adaptation:
     # v = m*v + lr*(g + wd*w), w -= v, the form of Goyal et al. and MLPerf.
@@ -47,6 +57,7 @@ def create_optimizer(config, schedule):
         record_trust_ratios=record,
         name=config.optimizer,
         allreduce_dtype=config.allreduce_dtype,
+        **shared,
     )
 
 

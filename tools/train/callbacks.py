@@ -32,9 +32,11 @@ def optimizer_step(model):
 
 
 class StepCounter(keras.callbacks.Callback):
-    """`step` (the optimizer's), `epoch`, `done` (steps of this epoch run so
-    far, from the optimizer: Keras < 3.11 hands an execution's first step as
-    `batch`, 3.11+ its last) and `resumed_steps` (of an epoch resumed inside)."""
+    """`step` (the optimizer's applied updates), `epoch`, `done` (steps of this
+    epoch run so far, from the optimizer: Keras < 3.11 hands an execution's
+    first step as `batch`, 3.11+ its last), `resumed_steps` (of an epoch
+    resumed inside) and `at_update_boundary` (the last batch applied an
+    update: always, but inside a --gradient_accumulation_steps update)."""
 
     def __init__(self, length, resumed_inside=(None, 0)):
         super().__init__()
@@ -57,7 +59,11 @@ class StepCounter(keras.callbacks.Callback):
         return self.length.steps_in(self.epoch)
 
     def on_train_batch_end(self, batch, logs=None):
-        self.step = optimizer_step(self.model)  # one read of the device counter per batch
+        step = optimizer_step(self.model)  # one read of the device counter per batch
+        # Under gradient accumulation a batch is a micro-batch, and the step (the
+        # optimizer's applied updates) moves only on the last of an update's.
+        self.at_update_boundary = step != self.step
+        self.step = step
         self.done = self.step - self._epoch_start_step
         short = not self.length.phases and self.planned < self.length.steps_per_epoch
         if short and self.done >= self.planned:

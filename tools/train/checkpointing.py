@@ -61,8 +61,8 @@ class Checkpointing(keras.callbacks.Callback):
     def on_train_batch_end(self, batch, logs=None):
         step, done = self.counter.step, self.counter.done
         self._cluster.at_step(step, done)
-        if done >= self.counter.planned:
-            return  # the epoch's end saves
+        if done >= self.counter.planned or not self.counter.at_update_boundary:
+            return  # the epoch's end saves; a checkpoint holds no half-accumulated update
         if self._due(step) or "target" in self.state:
             if self._saved_at[0] != step:
                 self._save(self.counter.epoch, done)

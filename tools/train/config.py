@@ -75,6 +75,22 @@ def _evaluation_problem(value, config, valid, requirement):
     return None
 
 
+def _accumulation_problem(value, config):
+    """--gradient_accumulation_steps: >= 1, dividing the global batch, one
+    batch for the whole run, and no loss scaling."""
+    if value < 1:
+        return "must be >= 1"
+    if value == 1:
+        return None
+    if config.global_batch_size % value:
+        return f"does not divide --global_batch_size={config.global_batch_size}"
+    if config.batch_schedule or config.image_size_schedule:
+        return "takes one batch for the whole run: leave --batch_schedule and --image_size_schedule"
+    if config.precision == "float16":
+        return "is not combined with --precision=float16 (loss scaling); use bfloat16"
+    return None
+
+
 def _end_rate(value, config):
     """The end rate: >= 0 and at most the peak the schedule decays from."""
     problem = at_least(0)(value, config)
@@ -129,6 +145,21 @@ class Config:
         "Images per step over all replicas. With --batch_schedule: the first phase's batch "
         "(left at its default it takes it).",
         check=at_least(1),
+    )
+    gradient_accumulation_steps: int = setting(
+        1,
+        "Micro-batches per update: each step feeds --global_batch_size / this images and "
+        "the optimizer applies the mean gradient of this many (Keras's "
+        "gradient_accumulation_steps); steps, the schedule and checkpoints count updates. "
+        "Batch norm normalises each micro-batch by its own statistics.",
+        check=lambda value, c: _accumulation_problem(value, c),
+    )
+    noise_scale: bool = setting(
+        False,
+        "Measure the gradient noise scale B_simple (McCandlish et al. 2018) from each "
+        "replica's gradient and the all-reduced one, or from the micro-batches of "
+        "--gradient_accumulation_steps (keras_lars.NoiseScaleMonitor): noise_scale, "
+        "noise_scale_gradient_sq and noise_scale_trace in the history and TensorBoard.",
     )
     batch_schedule: str = setting(
         "",
@@ -515,6 +546,11 @@ class Config:
         return keras_lars.BatchSchedule.parse(
             self.batch_schedule or f"0:{self.global_batch_size}", self.image_size_schedule or None
         )
+
+    @property
+    def micro_batch_size(self):
+        """Images per step (per micro-batch) over all replicas."""
+        return self.global_batch_size // self.gradient_accumulation_steps
 
     @property
     def peak_learning_rate(self):

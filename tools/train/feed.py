@@ -8,18 +8,24 @@ from keras_lars.tools import input_pipeline
 from keras_lars.tools import storage
 
 
-def train_stream(data, length, start_epoch, global_batch_size, skip=0, end_epoch=None):
+def train_stream(
+    data, length, start_epoch, global_batch_size, skip=0, end_epoch=None, micro_batches=1
+):
     """Returns fn(input_context) -> the batches of epochs start_epoch ..
     end_epoch - 1 (default: to the end) in order, each epoch `data.train(epoch)`
-    cut to its steps, the first without its first `skip` steps."""
+    cut to its steps, the first without its first `skip` steps. With
+    `micro_batches` = k a step is k batches of global_batch_size / k, in the
+    epoch's order, so that the k of a step are the examples of its whole batch."""
+    batch = global_batch_size // micro_batches
 
     def make(input_context):
         local_replicas = input_context.num_replicas_in_sync // input_context.num_input_pipelines
+        per_step = local_replicas * micro_batches
         stream = None
         for epoch in range(start_epoch, end_epoch or length.epochs):
             done = skip if epoch == start_epoch else 0
-            batches = data.train(epoch, global_batch_size, input_context, done * local_replicas)
-            batches = batches.take((length.steps_in(epoch) - done) * local_replicas)
+            batches = data.train(epoch, batch, input_context, done * per_step)
+            batches = batches.take((length.steps_in(epoch) - done) * per_step)
             stream = batches if stream is None else stream.concatenate(batches)
         return stream
 

@@ -74,13 +74,19 @@ def run_length(config, num_train):
     total = config.train_steps or config.train_epochs * per_epoch
     warmup = keras_lars.epochs_to_steps(config.warmup_epochs, num_train, config.global_batch_size)
     length = RunLength(per_epoch, total, warmup, global_batch_size=config.global_batch_size)
-    k = config.steps_per_execution
+    k, micro = config.steps_per_execution, config.gradient_accumulation_steps
+    if micro > 1 and micro % k and k % micro:
+        raise ConfigError(
+            f"--steps_per_execution={k}: with --gradient_accumulation_steps={micro} one must "
+            "divide the other, so that an execution ends where an update does."
+        )
     for steps in sorted({length.steps_in(e) for e in range(length.epochs)}):
-        if steps % k:
+        if steps * micro % k:
             raise ConfigError(
                 f"--steps_per_execution={k} must divide the steps of every epoch "
-                f"({steps} here; {per_epoch} per full epoch), since checkpoints and "
-                "evaluation happen at epoch ends."
+                f"({steps} here; {per_epoch} per full epoch"
+                + (f", times {micro} micro-batches" if micro > 1 else "")
+                + "), since checkpoints and evaluation happen at epoch ends."
             )
     if warmup > total:
         raise ConfigError(

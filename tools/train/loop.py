@@ -60,11 +60,7 @@ def train_and_evaluate(config):
     data = input_pipeline.load(config)
     runtime.place(lambda: build.variable_shapes(config, data.info.num_classes))
     replicas = runtime.strategy.num_replicas_in_sync
-    if config.global_batch_size % replicas:
-        raise ConfigError(
-            f"--global_batch_size={config.global_batch_size} is not divisible by "
-            f"the {replicas} replicas of {runtime.flag}."
-        )
+    _check_split(config, replicas, runtime.flag)
     length = run_length(config, data.info.num_train)
     for number, phase in enumerate(length.phases, 1):
         if phase.global_batch_size % replicas:
@@ -81,6 +77,35 @@ def train_and_evaluate(config):
     return model_dir.write_summary(
         config, length, state, time.time() - started, runtime.strategy, run.rates
     )
+
+
+def _check_split(config, replicas, flag):
+    """The global batch (a micro-batch of it under accumulation) divides
+    between the replicas, and the noise scale has two gradient sizes."""
+    if config.micro_batch_size % replicas:
+        micro = config.gradient_accumulation_steps > 1
+        raise ConfigError(
+            f"--global_batch_size={config.global_batch_size}"
+            + (f" / --gradient_accumulation_steps={config.gradient_accumulation_steps}" * micro)
+            + f" is not divisible by the {replicas} replicas of {flag}."
+        )
+    accumulating = config.gradient_accumulation_steps > 1
+    if accumulating and replicas > 1 and config.backend == "tensorflow":
+        raise ConfigError(
+            f"--gradient_accumulation_steps={config.gradient_accumulation_steps} with the "
+            f"{replicas} replicas of {flag}: Keras all-reduces inside the tf.cond of its update "
+            "step, which tf.distribute refuses; accumulate on one device, or on --backend=jax."
+        )
+    if config.noise_scale and config.backend == "jax" and replicas > 1:
+        raise ConfigError(
+            f"--noise_scale on the JAX backend measures on one device, not the {replicas} of "
+            f"{flag}."
+        )
+    if config.noise_scale and not accumulating and replicas == 1:
+        raise ConfigError(
+            "--noise_scale on one device needs two gradient sizes: --gradient_accumulation_steps "
+            ">= 2 (its micro-batches), or several TensorFlow replicas."
+        )
 
 
 def _train_with_rollbacks(run):
@@ -160,7 +185,7 @@ def _fit(run, model, schedule, state):
     def evaluation(data):
         if not config.eval:
             return None, []
-        return feed.evaluation(data, config.global_batch_size, strategy)
+        return feed.evaluation(data, config.micro_batch_size, strategy)
 
     default_evaluation = evaluation(run.data)
 
@@ -168,8 +193,9 @@ def _fit(run, model, schedule, state):
         data, batch = run.data, config.global_batch_size
         if phase is not None:  # its batch, and its images: at its size, evaluated at it
             data, batch = phase.data, phase.global_batch_size
+        micro = config.gradient_accumulation_steps  # Keras's steps are micro-batches
         train = strategy.distribute_datasets_from_function(
-            feed.train_stream(data, length, first_epoch, batch, skip, end_epoch)
+            feed.train_stream(data, length, first_epoch, batch, skip, end_epoch, micro)
         )
         validation, validation_steps = phase.evaluation if phase else default_evaluation
         validation_steps = validation_steps[0] if validation_steps else None
@@ -178,7 +204,7 @@ def _fit(run, model, schedule, state):
             train,
             epochs=end_epoch,
             initial_epoch=first_epoch,
-            steps_per_epoch=steps_per_epoch,
+            steps_per_epoch=steps_per_epoch * micro,
             validation_data=validation,
             validation_steps=validation_steps,
             shuffle=False,
@@ -257,6 +283,7 @@ def make_callbacks(run, schedule, state):
         throughput,
         callbacks.ProgressLine(counter, config.log_every_seconds),
         callbacks.LearningRateLog(counter, schedule),
+        *([keras_lars.NoiseScaleMonitor()] if config.noise_scale else []),  # into the logs
         *([callbacks.BatchLog(run.length, config.image_size)] if run.length.phases else []),
         evaluations,  # before Checkpointing, which saves the target it finds
         Checkpointing(run, state, counter, throughput),
