@@ -287,6 +287,11 @@ def test_large_batches_make_data_parallelism_cheaper_for_every_layer():
         (dict(fixed_step_ms=-3.0), "--fixed_step_ms=-3.0: must be >= -1.0."),
         (dict(device_memory_gb=-1.0), "--device_memory_gb=-1.0: must be >= 0 (0: --device's)."),
         (dict(global_batch_size=2_000_000), "--global_batch_size=2000000: must be <= --examples"),
+        (
+            dict(devices=64, global_batch_size=100),
+            "--global_batch_size=100: must be divisible by --devices (64): a device takes whole "
+            "images, not 1.56.",
+        ),
     ],
 )
 def test_bad_settings_name_the_flag(values, message):
@@ -338,3 +343,37 @@ def test_the_planning_page_holds_the_current_records_table():
     for row in plan.records_rows():
         if row.record.scored and not row.within:
             assert f"`{row.record.key}`" in misses, row.record.key
+
+
+def test_the_table_leaves_out_batches_the_devices_do_not_divide():
+    options = plan.PlanSettings(devices=6, devices_per_node=1, global_batch_size=600)
+    grid = plan.grid_text(options).splitlines()
+    assert grid[1].split() == ["2", "3", "6", "12", "24"]
+    row = grid[2].split()  # 150 images: 12.5 and 6.25 a device on 12 and 24
+    assert row[0] == "150" and row[-2:] == ["-", "-"] and "-" not in row[1:-2]
+
+
+@pytest.mark.parametrize(
+    "flag, message",
+    [
+        (
+            "--model=resnet9000",
+            "error: flag --model=resnet9000: value should be one of <resnet18|resnet34|resnet50|"
+            "resnet101|resnet152|alexnet|alexnet_bn|simple_cnn|custom>.",
+        ),
+        ("--device=V200", "error: flag --device=V200: value should be one of <"),
+        ("--devices=many", "error: flag --devices=many: invalid literal for int() with base 10"),
+    ],
+)
+def test_a_value_absl_refuses_is_the_planners_one_line(flag, message):
+    from absl import flags
+
+    from keras_lars.tools import settings
+    from keras_lars.tools.plan import cli
+
+    values = flags.FlagValues()
+    settings.define_flags(plan.PlanSettings, values)
+    with pytest.raises(SystemExit) as stopped:
+        cli.parse_flags(["keras-lars-plan", flag], values)
+    assert str(stopped.value.code).startswith(message)
+    assert "\n" not in str(stopped.value.code)

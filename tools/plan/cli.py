@@ -6,6 +6,7 @@ import os
 import sys
 
 from absl import app
+from absl import flags
 
 from keras_lars import BatchSchedule
 from keras_lars.batch_schedule import parse_phases
@@ -103,6 +104,11 @@ def _torus_x(value, config):
 def _batch(value, config):
     if value and value < config.devices:
         return f"must be >= --devices ({config.devices}): at least one image a device"
+    if value and value % config.devices:
+        return (
+            f"must be divisible by --devices ({config.devices}): a device takes whole images, "
+            f"not {value / config.devices:.3g}"
+        )
     return None
 
 
@@ -676,7 +682,8 @@ def neighbourhood(value, factors=(0.25, 0.5, 1, 2, 4)):
 def grid_text(options):
     """Time to train for batch x devices around the given point (epochs:
     --epochs, else the recipe's for each batch; '-' where a device would
-    get less than one image or the devices do not fill whole nodes, 'mem'
+    get less than one image, the devices do not divide the batch or do not
+    fill whole nodes, 'mem'
     where a device's images do not fit its memory)."""
     batches = neighbourhood(options.batch)
     devices = neighbourhood(options.devices)
@@ -687,7 +694,7 @@ def grid_text(options):
         cells = []
         for count in devices:
             nodes_ok = count % min(options.devices_per_node, count) == 0
-            if batch < count or batch > options.examples or not nodes_ok:
+            if batch < count or batch % count or batch > options.examples or not nodes_ok:
                 cells.append(f"{'-':>11}")
             elif options.memory(batch, count).verdict == "does not fit":
                 cells.append(f"{'mem':>11}")
@@ -1001,7 +1008,18 @@ def _check_writable(path):
         raise ConfigError(f"--layout_out={path}: cannot write in {folder}.")
 
 
+def parse_flags(argv, flag_values=flags.FLAGS):
+    """absl's parse, but a value absl refuses (a --model or --device not in
+    its choices, a number that is not one) ends the program in one line
+    `error: flag --name=value: why.`, as the settings' checks do, not in
+    absl's FATAL and the usage of every flag."""
+    try:
+        return flag_values(argv)
+    except flags.Error as error:
+        sys.exit(f"error: {str(error).rstrip('.')}.")
+
+
 def run(argv=None):
     """The keras-lars-plan entry point."""
     settings.define_flags(PlanSettings)
-    app.run(main, argv)
+    app.run(main, argv, flags_parser=parse_flags)
