@@ -17,10 +17,11 @@ def inner_optimizer(optimizer):
 
 
 def _step(optimizer):
-    # The step Keras 3.15 hands a LearningRateSchedule: the raw `_iterations`
-    # (base_optimizer._get_current_learning_rate), so that the callback and
-    # the schedule agree even with gradient accumulation.
-    return optimizer._iterations
+    # The optimizer's applied updates (`iterations`: with Keras's
+    # gradient_accumulation_steps, micro-batches floor-divided by their
+    # number), so that update n gets schedule(n) as LARS and LAMB give it
+    # (LayerwiseOptimizer._get_current_learning_rate).
+    return optimizer.iterations
 
 
 @keras.saving.register_keras_serializable(package="keras_lars")

@@ -428,3 +428,43 @@ def test_divergence_guard_leaves_a_healthy_run_alone():
     assert guard.diverged is None and saves.epochs == [1, 2]
     with pytest.raises(ValueError, match="raise_error"):
         keras_lars.DivergenceGuard(raise_error="yes")
+
+
+@pytest.mark.parametrize("lars", [True, False], ids=["lars", "keras_sgd"])
+def test_callback_counts_applied_updates_under_gradient_accumulation(lars):
+    """With gradient_accumulation_steps=2 the 6 batches of an epoch are 3
+    updates: the epoch-end rate is the schedule's at 3 updates an epoch, and
+    the weights equal those of LARS given the schedule itself."""
+    x, y = _data()
+    models = []
+    for rate in (_callback, lambda: WarmupPolyDecay(PEAK, WARMUP, TOTAL, end_learning_rate=END)):
+        keras.utils.set_random_seed(0)
+        model = keras.Sequential([keras.Input((6,)), keras.layers.Dense(2)])
+        schedule = rate()
+        is_callback = isinstance(schedule, WarmupPolyDecayCallback)
+        learning_rate = 0.5 if is_callback else schedule
+        if lars:
+            optimizer = keras_lars.LARS(learning_rate, gradient_accumulation_steps=2)
+        elif is_callback:
+            optimizer = keras.optimizers.SGD(learning_rate, gradient_accumulation_steps=2)
+        else:
+            break  # Keras's own optimizers hand a schedule micro-batches: no reference
+        model.compile(optimizer=optimizer, loss="sparse_categorical_crossentropy")
+        history = model.fit(
+            x,
+            y,
+            batch_size=8,
+            epochs=3,
+            shuffle=False,
+            verbose=0,
+            callbacks=[schedule] if is_callback else [],
+        )
+        if is_callback:
+            np.testing.assert_allclose(
+                history.history["learning_rate"],
+                [_expected_rate(3 * e) for e in (1, 2, 3)],
+                rtol=1e-6,
+            )
+        models.append(model)
+    if lars:
+        _assert_same_weights(*models)
