@@ -477,3 +477,13 @@ def test_a_fifo_in_place_of_run_lock_is_described_without_blocking(tmp_path):
         f"--model_dir={tmp_path} has a lock file {tmp_path}/run.lock that is not a run's lock "
         "(it is a FIFO (named pipe)); if no run uses the directory, remove it"
     )
+
+
+def test_a_fifo_in_place_of_the_study_store_is_one_line_without_blocking(tmp_path):
+    from keras_lars.tools import batch_study
+
+    path = tmp_path / "cells.jsonl"
+    os.mkfifo(path)
+    with pytest.raises(storage.StorageError) as raised:
+        batch_study.load_store(str(path))
+    assert str(raised.value) == f"{path} is a FIFO (named pipe), not the study's store (a file)"

@@ -8,6 +8,7 @@ import os
 
 from keras_lars.tools.batch_study.results import ACCURACIES
 from keras_lars.tools.storage import StorageError
+from keras_lars.tools.storage import special_file
 
 FRACTIONS = (*ACCURACIES, "train_accuracy")  # finite numbers in [0, 1]
 COUNTS = ("steps",)  # whole numbers >= 1
@@ -50,6 +51,9 @@ def load_store(path, row_fields=()):
     records = {}
     if not os.path.exists(path):
         return records
+    special = special_file(path)
+    if special:  # a FIFO would block
+        raise StorageError(f"{path} is {special}, not the study's store (a file)")
     with open(path, "rb") as f:  # bytes: a torn multi-byte character is a torn line
         for number, line in enumerate(f, 1):
             try:
