@@ -168,6 +168,22 @@ def test_the_planner_splits_alexnets_dense_layers_and_moves_fewer_bytes(tmp_path
     assert f"{sum(planned.values()) / 1e6:10.1f} MB" in lines[1]
 
 
+def test_the_layout_prices_data_parallelism_as_the_plan_does(tmp_path):
+    # 64 AlexNets (8 nodes of 8): the plan's step is 44.3 ms (its hierarchical all-reduce
+    # overlapping the backward pass); the layout's report said 309.8 ms, every byte at one
+    # node link's share of a device (12.5 / 8 GB/s) and no overlap
+    options = cli.PlanSettings(
+        model="alexnet", devices=64, global_batch_size=2048, layout_out=str(tmp_path / "p.json")
+    )
+    step = options.run().step
+    assert round(step.step * 1e3, 1) == 44.3
+    line = cli.layout_out_text(options).splitlines()[2]
+    assert line.endswith("(data parallel 44.3 ms: the plan's step)")
+    # the bytes of pure data parallelism over the plan's all-reduce time
+    planned = hlo_bytes.planned(("alexnet", "data_parallel", 64, 1, 224, 2048))
+    assert f"bytes at {sum(planned.values()) / step.communication / 1e9:.3g} GB/s" in line
+
+
 def test_no_layout_for_a_model_given_by_its_totals(tmp_path):
     options = cli.PlanSettings(
         model="custom", parameters=1000, forward_gflops=1.0, layout_out=str(tmp_path / "p.json")

@@ -957,10 +957,6 @@ def layout_out_text(options):
     if options.model not in BUILDERS:
         raise ConfigError(f"--layout_out needs a keras_lars.models --model, not {options.model}.")
     _check_writable(options.layout_out)
-    cluster = options.cluster()
-    bandwidth = options.intra_node_bandwidth * GB
-    if cluster.nodes > 1:
-        bandwidth = min(bandwidth, options.inter_node_bandwidth * GB / cluster.devices_per_node)
     plan = hybrid_plan(
         options.model,
         options.image_size,
@@ -968,7 +964,8 @@ def layout_out_text(options):
         options.batch,
         options.devices,
         options.device_model(),
-        bandwidth,
+        options.run().step.communication,
+        options.overlap,
     )
     if plan is None:
         raise ConfigError(
@@ -989,8 +986,8 @@ def layout_out_text(options):
             f"{plan.mesh[1]}; model-parallel: {split}; the rest data-parallel",
             f"  bytes a device sends a step  {plan.bytes / 1e6:10.1f} MB  (data parallel "
             f"{plan.data_parallel_bytes / 1e6:.1f} MB)",
-            f"  step, compute + bytes / {bandwidth / GB:g} GB/s  {plan.seconds * 1e3:7.1f} ms  "
-            f"(data parallel {plan.data_parallel_seconds * 1e3:.1f} ms)",
+            f"  step, bytes at {plan.bandwidth / GB:.3g} GB/s     {plan.seconds * 1e3:7.1f} ms  "
+            f"(data parallel {plan.data_parallel_seconds * 1e3:.1f} ms: the plan's step)",
         ]
     )
 

@@ -12,10 +12,16 @@ layers on the same images). For each m >= 2 that divides the devices and
 the split dimensions, with n = B / b images a device:
 
     step(m) = compute(replicated layers, n) + compute(split layers, n) / m
-              + collectives.layout_bytes(...) / bandwidth
+              + c_fixed + exposed(collectives.layout_bytes(...) / bandwidth)
 
-and the plan is the m of the shortest step (the per-device bandwidth: the
-node link's share of each device beyond one node, else the link inside it).
+and the plan is the m of the shortest step. Both layouts are priced as the
+main plan prices data parallelism (step.py): `bandwidth` is the bytes a
+device sends a step under data parallelism over the plan's all-reduce time
+(its algorithm over the cluster's links), and with overlap the backward pass
+(2/3 of the compute) hides the collectives, so the data-parallel step here
+is the main plan's step. (Pricing every byte at one node link's share of a
+device, without overlap, made 64 AlexNet replicas 309.8 ms a step here
+against the plan's 44.3 ms.)
 """
 
 import dataclasses
@@ -24,6 +30,8 @@ import re
 from keras_lars.tools.plan.collectives import layout_bytes
 from keras_lars.tools.plan.collectives import model_graph
 from keras_lars.tools.plan.device import ModelProfile
+from keras_lars.tools.plan.step import BACKWARD_FRACTION
+from keras_lars.tools.plan.step import exposed_communication
 from keras_lars.tools.plan.step import layer_choices
 
 
@@ -38,6 +46,7 @@ class HybridPlan:
     seconds: float
     data_parallel_bytes: float
     data_parallel_seconds: float
+    bandwidth: float  # bytes/s a device sends at: data parallelism's bytes over its all-reduce
 
 
 def model_parallel_layers(profile, global_batch):
@@ -77,13 +86,24 @@ def _compute(profile, device, per_device, names, model_axis_size):
     return seconds
 
 
-def hybrid_plan(model_name, image_size, profile, global_batch, devices, device, bandwidth):
+def _step(compute, moved, bandwidth, device, overlap):
+    """compute + c_fixed + the collectives the backward pass does not hide."""
+    exposed = exposed_communication(moved / bandwidth, BACKWARD_FRACTION * compute, overlap)
+    return compute + device.fixed_step_seconds + exposed
+
+
+def hybrid_plan(
+    model_name, image_size, profile, global_batch, devices, device, allreduce_seconds, overlap
+):
     """The HybridPlan of the shortest step over m >= 2 (None when no m
     divides the devices and the split layers, or no layer is cheaper
-    model-parallel)."""
+    model-parallel); `allreduce_seconds`: the main plan's data-parallel
+    all-reduce, `overlap`: its --overlap (module docstring)."""
     names = set(model_parallel_layers(profile, global_batch))
     dp_bytes = sum(layout_bytes(model_name, image_size, global_batch, (devices, 1), {}).values())
-    dp_seconds = _compute(profile, device, global_batch / devices, (), 1) + dp_bytes / bandwidth
+    bandwidth = dp_bytes / allreduce_seconds
+    dp_compute = _compute(profile, device, global_batch / devices, (), 1)
+    dp_seconds = _step(dp_compute, dp_bytes, bandwidth, device, overlap)
     best = None
     for m in range(2, devices + 1):
         if devices % m or (global_batch * m) % devices:
@@ -93,7 +113,8 @@ def hybrid_plan(model_name, image_size, profile, global_batch, devices, device, 
             continue
         mesh = (devices // m, m)
         moved = sum(layout_bytes(model_name, image_size, global_batch, mesh, layouts).values())
-        seconds = _compute(profile, device, global_batch / mesh[0], names, m) + moved / bandwidth
+        compute = _compute(profile, device, global_batch / mesh[0], names, m)
+        seconds = _step(compute, moved, bandwidth, device, overlap)
         if best is None or seconds < best.seconds:
-            best = HybridPlan(mesh, layouts, moved, seconds, dp_bytes, dp_seconds)
+            best = HybridPlan(mesh, layouts, moved, seconds, dp_bytes, dp_seconds, bandwidth)
     return best
