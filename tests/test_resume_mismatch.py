@@ -149,3 +149,18 @@ def test_the_training_tool_resumes_from_the_checkpoint_before_another_runs_weigh
         "state records optimizer 'lars' with 63 variables, 165 in all); trying the one before"
     ]
     assert [record["epoch"] for record in summary["history"]] == [1, 2]
+
+
+def test_a_fifo_in_place_of_a_state_file_falls_back_without_blocking(tmp_path, capfd):
+    import os
+
+    _saved(tmp_path, _lars(), (1, 2))
+    state = tmp_path / "ckpt-0002.json"
+    state.unlink()
+    os.mkfifo(state)
+    assert checkpoints.latest_state(str(tmp_path))[1]["epochs_done"] == 1
+    assert checkpoints.restore(_lars(), str(tmp_path))["epochs_done"] == 1
+    assert capfd.readouterr().err == (
+        f"warning: checkpoint {tmp_path}/ckpt-0002 is unusable ({state} is a FIFO (named "
+        "pipe), not a file); trying the one before\n"
+    )

@@ -179,6 +179,10 @@ def problem(directory, epoch, step=0):
     state must parse, its weights file must open with every array finite and
     hold what the state records of it (`RECORD`; older states have none)."""
     state_path, weights_path = _paths(directory, epoch, step)
+    for path in (state_path, weights_path):
+        special = storage.special_file(path)
+        if special:  # a FIFO would block
+            return f"{path} is {special}, not a file"
     try:
         state = storage.read_json(state_path)
         if (state.get("epochs_done"), state.get("steps_done", 0)) != (epoch, step):
@@ -234,6 +238,8 @@ def latest_state(directory):
     checks its settings against before anything is built."""
     for epoch, step in reversed(_positions(directory)):
         state_path, _ = _paths(directory, epoch, step)
+        if storage.special_file(state_path):
+            continue  # `problem` names it
         try:
             state = storage.read_json(state_path)
         except (ValueError, tf.errors.OpError):
