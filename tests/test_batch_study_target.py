@@ -144,6 +144,8 @@ def test_the_table_takes_the_search_choice_and_the_seeds_at_it():
         ([*TARGET, "--rate_step=1"], "--rate_step=1.0: must be > 1"),
         ([*TARGET, "--warmup_fraction=1"], "--warmup_fraction=1.0: must be in [0, 1)"),
         ([*TARGET, "--max_rate_steps=0"], "--max_rate_steps=0: must be >= 1"),
+        ([*TARGET, "--noise_scale_batch_size=64"], "--noise_scale_batch_size=64: not one of"),
+        ([*TARGET, "--noise_scale_micro_batches=1"], "--noise_scale_micro_batches=1: must be"),
     ],
 )
 def test_bad_target_study_flags_are_one_line_naming_the_flag(argv, line):
@@ -165,14 +167,27 @@ def test_a_tiny_target_study_end_to_end_and_its_resume(tmp_path, capsys):
         "--max_rate_steps=1",
         "--seeds=2",
         "--seed_batch_sizes=256",
+        "--noise_scale_batch_size=256",
+        "--noise_scale_micro_batches=2",
         f"--study_dir={tmp_path}",
     ]
     study = parse(*args)
     rows, trained = batch_study.run_target_study(study)
-    assert len(trained) == len(rows) >= 3 * 3 + 1
-    searched = [r for r in rows if r["seed"] == 0]
+    assert len(trained) == len(rows) >= 3 * 3 + 2
+    searched = [r for r in rows if r["seed"] == 0 and "noise_scale" not in r]
     assert {r["batch_size"] for r in searched} == {64, 256, 512}
     assert [r["seed"] for r in rows if r["seed"]] == [1]
+    # The noise-scale run: the chosen trial at 256 once more, in 2 micro-batches of 128.
+    (noise,) = [r for r in rows if "noise_scale" in r]
+    chosen = [r for r in searched if r["batch_size"] == 256]
+    best = target_search.best_step({r["rate_step"]: r for r in chosen})
+    (same,) = [r for r in chosen if r["rate_step"] == best]
+    assert noise["peak_learning_rate"] == same["peak_learning_rate"]
+    assert (noise["reached"], noise["steps"]) == (same["reached"], same["steps"])
+    assert noise["noise_scale"] > 0
+    noise_scales = read_json(tmp_path / "fit.json")["noise_scales"]
+    assert noise_scales["lamb"]["noise_scale"] == noise["noise_scale"]
+    assert noise_scales["lamb"]["batch_size"] == 256
     for r in rows:
         assert r["budget_steps"] == max(4, math.ceil(2 * 512 / r["batch_size"]))
         assert r["examples"] == r["steps"] * r["batch_size"]
@@ -189,3 +204,15 @@ def test_a_tiny_target_study_end_to_end_and_its_resume(tmp_path, capsys):
     assert trained == [] and again == rows
     assert (tmp_path / "trials.jsonl").read_text() == store
     assert f"study: 0 trial(s) trained, {len(rows)} found done" in capsys.readouterr().out
+
+
+def test_noise_scale_micro_batches_that_do_not_divide_the_batch_are_one_line():
+    study = parse(*TARGET, "--batch_sizes=64,full", "--noise_scale_batch_size=full")
+    with pytest.raises(ConfigError) as raised:
+        target_search.noise_scale_run(study, 1438)  # 1438 = 2 * 719
+    assert str(raised.value) == (
+        "--noise_scale_micro_batches=8 does not divide the batch 1438 of --noise_scale_batch_size."
+    )
+    study = parse(*TARGET, "--batch_sizes=64,256", "--noise_scale_batch_size=256")
+    assert target_search.noise_scale_run(study, 1438) == (256, 8)
+    assert target_search.noise_scale_run(parse(*TARGET), 1438) == (None, 0)

@@ -10,8 +10,9 @@ from keras_lars.tools.batch_study.results import ACCURACIES
 from keras_lars.tools.storage import StorageError
 from keras_lars.tools.storage import special_file
 
-FRACTIONS = (*ACCURACIES, "train_accuracy")  # finite numbers in [0, 1]
-COUNTS = ("steps",)  # whole numbers >= 1
+# finite numbers in [0, 1] (the steps-to-target mode's best_val_accuracy too)
+FRACTIONS = (*ACCURACIES, "train_accuracy", "best_val_accuracy")
+COUNTS = ("steps", "examples", "budget_steps")  # whole numbers >= 1
 
 
 def _value_problem(name, value):

@@ -237,6 +237,20 @@ class StudySettings:
         "(e.g. those around the knee); empty: every one of --batch_sizes.",
         check=lambda entries, config: _batch_sizes_problem(entries, config) if entries else None,
     )
+    noise_scale_batch_size: str = setting(
+        "",
+        "steps_to_target: after the seeds, each optimizer trains once more at this batch "
+        "(one of --batch_sizes) and its chosen rate, in --noise_scale_micro_batches "
+        "micro-batches, measuring the gradient noise scale (the tool's --noise_scale) up to "
+        "the target, to set beside the fitted B_crit. Empty: not measured.",
+        check=lambda value, config: _batch_sizes_problem((value,), config) if value else None,
+    )
+    noise_scale_micro_batches: int = setting(
+        8,
+        "steps_to_target: the micro-batches of the noise-scale run (the tool's "
+        "--gradient_accumulation_steps; without batch norm the run is the trial's).",
+        check=at_least(2),
+    )
     study_dir: str = setting(
         "runs/batch_study",
         "Store, tables, plot and cell model dirs (a local directory).",
@@ -274,6 +288,8 @@ class TargetSearch:
     rate_step: float
     max_rate_steps: int
     seed_batch_sizes: tuple  # ints and/or FULL; empty: every batch
+    noise_scale_batch_size: object = None  # an int, FULL or None
+    noise_scale_micro_batches: int = 8
 
 
 def make_study(own, shared, given=()):
@@ -346,6 +362,12 @@ def _target_search(own, shared, given):
             f"--{fixed[0]}: --mode=steps_to_target sets it per trial from the budget "
             "(--budget_epochs, --min_budget_steps, --warmup_fraction, --evaluations_per_epoch)."
         )
+    noise = own.noise_scale_batch_size
+    if noise and noise not in own.batch_sizes:
+        raise ConfigError(
+            f"--noise_scale_batch_size={noise}: not one of --batch_sizes="
+            f"{','.join(own.batch_sizes)} (it runs at a batch's chosen rate)."
+        )
     strays = [b for b in own.seed_batch_sizes if b not in own.batch_sizes]
     if strays:
         raise ConfigError(
@@ -360,4 +382,6 @@ def _target_search(own, shared, given):
         own.rate_step,
         own.max_rate_steps,
         tuple(FULL if b == FULL else int(b) for b in own.seed_batch_sizes),
+        (FULL if noise == FULL else int(noise)) if noise else None,
+        own.noise_scale_micro_batches,
     )

@@ -15,6 +15,7 @@ fitted alone. Three batches or more make a fit.
 """
 
 import json
+import math
 import os
 
 import numpy as np
@@ -61,6 +62,7 @@ def table(rows):
     the seed-0 search, and steps, examples and seconds to the target over the
     seeds run at it (means over the seeds that reached it; None when none)."""
     found = []
+    rows = [r for r in rows if "noise_scale" not in r]  # the noise-scale runs: noise_scales()
     keys = dict.fromkeys((r["optimizer"], r["batch_size"]) for r in rows)
     for optimizer, batch in keys:
         mine = [r for r in rows if r["optimizer"] == optimizer and r["batch_size"] == batch]
@@ -91,6 +93,22 @@ def table(rows):
             }
         )
     return sorted(found, key=lambda r: (r["optimizer"], r["batch_size"]))
+
+
+def noise_scales(rows):
+    """{optimizer: {"batch_size", "noise_scale", "step", "reached"}} of the
+    noise-scale runs among the trial rows: B_simple at the target (or at the
+    last evaluation of a run that missed it)."""
+    return {
+        r["optimizer"]: {
+            "batch_size": r["batch_size"],
+            "noise_scale": r["noise_scale"] if math.isfinite(r["noise_scale"]) else None,
+            "step": r["noise_scale_step"],
+            "reached": r["reached"],
+        }
+        for r in rows
+        if "noise_scale" in r
+    }
 
 
 def fit(rows):
@@ -152,20 +170,21 @@ def write_target_outputs(study, trials, records, num_train):
         o: fit([r for r in summary if r["optimizer"] == o])
         for o in dict.fromkeys(r["optimizer"] for r in summary)
     }
+    noise = noise_scales(rows)
     with storage.atomic_file(os.path.join(directory, "fit.json")) as f:
-        json.dump(dict(header, fits=fits), f, indent=1)
+        json.dump(dict(header, fits=fits, noise_scales=noise), f, indent=1)
     title = (
         f"{config.model} on {config.dataset} ({num_train} training images): steps to "
         f"test accuracy {config.target_accuracy}, rate tuned per batch"
     )
-    plot(summary, fits, os.path.join(directory, "steps_to_target.png"), title)
+    plot(summary, fits, noise, os.path.join(directory, "steps_to_target.png"), title)
 
 
-def plot(summary, fits, path, title):
+def plot(summary, fits, noise, path, title):
     """Steps and examples to the target against the batch (log-log), one
     colour per optimizer: the seeds' mean with their range, a miss as an x at
-    its budget, the perfect-scaling line through the smallest batch (dotted)
-    and the fit (dashed)."""
+    its budget, the perfect-scaling line through the smallest batch (dotted),
+    the fit (dashed) and the measured noise scale (a vertical dash-dot line)."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
@@ -205,6 +224,8 @@ def plot(summary, fits, path, title):
             curve = found["s_min"] + found["e_min"] / grid
             steps_axes.plot(grid, curve, "--", color=colour, alpha=0.8)
             examples_axes.plot(grid, curve * grid, "--", color=colour, alpha=0.8)
+        if ((noise.get(optimizer) or {}).get("noise_scale") or 0) > 0:
+            steps_axes.axvline(noise[optimizer]["noise_scale"], color=colour, ls="-.", lw=1)
     for axes, label in ((steps_axes, "steps to target"), (examples_axes, "examples to target")):
         axes.set_xscale("log", base=2)
         axes.set_yscale("log")
@@ -212,7 +233,9 @@ def plot(summary, fits, path, title):
         axes.set_ylabel(label)
         axes.grid(True, which="both", alpha=0.3)
     steps_axes.legend(title="optimizer (x: not reached)", fontsize=8)
-    steps_axes.set_title("dotted: perfect scaling; dashed: S_min + E_min / B", fontsize=8)
+    steps_axes.set_title(
+        "dotted: perfect scaling; dashed: S_min + E_min / B; dash-dot: B_simple", fontsize=8
+    )
     figure.suptitle(title, fontsize=9)
     figure.tight_layout()
     with storage.atomic_file(path, "wb") as f:

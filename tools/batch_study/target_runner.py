@@ -23,6 +23,7 @@ from keras_lars.tools.batch_study.target_results import write_target_outputs
 from keras_lars.tools.batch_study.target_search import best_step
 from keras_lars.tools.batch_study.target_search import budget_steps
 from keras_lars.tools.batch_study.target_search import next_step
+from keras_lars.tools.batch_study.target_search import noise_scale_run
 from keras_lars.tools.batch_study.target_search import rule_rate
 from keras_lars.tools.batch_study.target_search import seed_batches
 from keras_lars.tools.batch_study.target_search import trial
@@ -36,6 +37,10 @@ def trial_row(t, summary, wall):
     evaluations = summary["evaluations"]
     spent = sum(h["seconds"] for h in summary["history"])
     seconds = found["seconds"] if found["reached"] else spent
+    noise = {}
+    if t.config.noise_scale:  # at the target, or at the last evaluation
+        at = found if found["reached"] else evaluations[-1]
+        noise = {"noise_scale": at["noise_scale"], "noise_scale_step": at["step"]}
     return {
         "optimizer": t.optimizer,
         "batch_size": t.batch_size,
@@ -51,6 +56,7 @@ def trial_row(t, summary, wall):
         "eval_every_steps": t.config.eval_every_steps,
         "wall_seconds": round(wall, 2),
         "key": t.key,
+        **noise,
     }
 
 
@@ -139,6 +145,10 @@ def _run(study, preemption):
             centre, k = chosen[(optimizer, batch)]
             for seed in range(1, study.seeds):
                 row_of(trial(study, optimizer, batch, centre, k, seed, num_train))
+    batch, micro = noise_scale_run(study, num_train)
+    for optimizer in study.optimizers if batch else ():
+        centre, k = chosen[(optimizer, batch)]
+        row_of(trial(study, optimizer, batch, centre, k, 0, num_train, micro))
     write_target_outputs(study, seen, records, num_train)
     print(
         f"study: {len(trained)} trial(s) trained, {len(seen) - len(trained)} found done; "

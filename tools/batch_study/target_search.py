@@ -22,7 +22,11 @@ It tries k = 0, -1, 1; while the best trial so far (fewest steps to the
 target; of trials that missed it, the highest accuracy) is at the largest or
 smallest k tried, it tries the next k beyond, up to |k| = --max_rate_steps.
 The best trial's rate is chosen; seeds 1 .. --seeds - 1 then run at it, at
---seed_batch_sizes (default: every batch).
+--seed_batch_sizes (default: every batch). With --noise_scale_batch_size,
+each optimizer then trains seed 0 at that batch and its chosen rate once
+more, in --noise_scale_micro_batches micro-batches, measuring the gradient
+noise scale B_simple (McCandlish et al. 2018) up to the target: without
+batch norm that run is the trial's own, to float rounding.
 """
 
 import dataclasses
@@ -32,6 +36,7 @@ from keras_lars.tools import train
 from keras_lars.tools.batch_study.cells import cell_key
 from keras_lars.tools.batch_study.study import FULL
 from keras_lars.tools.batch_study.study import CellSettings
+from keras_lars.tools.settings import ConfigError
 
 FIRST_STEPS = (0, -1, 1)
 
@@ -49,12 +54,19 @@ class Trial:
 
     @property
     def name(self):
-        return f"{self.optimizer}-b{self.batch_size}-k{self.rate_step}-s{self.seed}-{self.key[:10]}"
+        noise = "-noise" if self.config.noise_scale else ""
+        return (
+            f"{self.optimizer}-b{self.batch_size}-k{self.rate_step}-s{self.seed}{noise}-"
+            f"{self.key[:10]}"
+        )
 
     @property
     def label(self):
         rate = self.config.peak_learning_rate
-        return f"{self.optimizer} batch={self.batch_size} rate={rate:.4g} seed={self.seed}"
+        noise = f" noise scale in {self.config.gradient_accumulation_steps} micro-batches"
+        return f"{self.optimizer} batch={self.batch_size} rate={rate:.4g} seed={self.seed}" + (
+            noise if self.config.noise_scale else ""
+        )
 
 
 def budget_steps(search, batch_size, num_train):
@@ -62,8 +74,10 @@ def budget_steps(search, batch_size, num_train):
     return max(search.min_budget_steps, math.ceil(search.budget_epochs * num_train / batch_size))
 
 
-def trial(study, optimizer, batch_size, centre, rate_step, seed, num_train):
-    """The Trial at rate centre * f^rate_step (module docstring)."""
+def trial(study, optimizer, batch_size, centre, rate_step, seed, num_train, micro_batches=0):
+    """The Trial at rate centre * f^rate_step (module docstring); with
+    `micro_batches` >= 2, the same trial in that many micro-batches measuring
+    the gradient noise scale (the tool's --noise_scale)."""
     search = study.search
     budget = budget_steps(search, batch_size, num_train)
     epoch = num_train // batch_size  # steps in an epoch (the tool drops the rest)
@@ -83,6 +97,10 @@ def trial(study, optimizer, batch_size, centre, rate_step, seed, num_train):
         warmup_epochs=search.warmup_fraction * budget / epoch,  # the tool rounds to a step
         eval_every_steps=max(1, epoch // search.evaluations_per_epoch),
     )
+    if micro_batches:
+        config = dataclasses.replace(
+            config, gradient_accumulation_steps=micro_batches, noise_scale=True
+        )
     key = cell_key(config)
     config = dataclasses.replace(config, model_dir=f"{study.study_dir}/trials/{optimizer}-{key}")
     return Trial(optimizer, batch_size, rate_step, seed, config, key)
@@ -127,3 +145,20 @@ def seed_batches(study, batches, num_train):
     if not chosen:
         return list(batches)
     return sorted(num_train if b == FULL else b for b in chosen)
+
+
+def noise_scale_run(study, num_train):
+    """(batch, micro-batches) of the noise-scale runs, or (None, 0); a
+    ConfigError when the micro-batches do not divide the batch."""
+    search = study.search
+    batch = search.noise_scale_batch_size
+    if batch is None:
+        return None, 0
+    batch = num_train if batch == FULL else batch
+    micro = search.noise_scale_micro_batches
+    if batch % micro:
+        raise ConfigError(
+            f"--noise_scale_micro_batches={micro} does not divide the batch {batch} of "
+            "--noise_scale_batch_size."
+        )
+    return batch, micro

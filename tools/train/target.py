@@ -9,6 +9,8 @@ that every replica and worker computes the same number). An evaluation is
 
     {"step", "examples", "seconds", "val_accuracy", "val_loss", ...}
 
+(with --noise_scale also the smoothed noise scale at that step: noise_scale,
+noise_scale_gradient_sq, noise_scale_trace)
 with `examples` the training examples consumed by `step` (RunLength) and
 `seconds` the training time to it: the epochs of the history, plus the
 current epoch's time so far (evaluations included; an epoch cut by a
@@ -66,6 +68,9 @@ class Evaluations(keras.callbacks.Callback):
             "seconds": round(done_epochs + time.time() - self.throughput.started, 3),
             **{k: float(keras.ops.convert_to_numpy(v)) for k, v in logs.items() if "val_" in k},
         }
+        if self.run.config.noise_scale:  # the smoothed noise scale at this step
+            optimizer = getattr(self.model.optimizer, "inner_optimizer", self.model.optimizer)
+            entry.update(optimizer.noise_scale_stats())
         self.state["evaluations"].append(entry)
         target = self.run.config.target_accuracy
         if target and "target" not in self.state and entry["val_accuracy"] >= target:
