@@ -645,7 +645,7 @@ def _join(hello, me, tasks, address, clock, others):
                 key, challenge = meeting.challenge(line)
                 if key is None:  # the secret file is not here yet
                     connection.close()
-                    hint = meeting.wait_for_secret(gathering.rstrip(","))
+                    hint = meeting.wait_for_secret()
                     continue
                 nonces = [challenge, secrets.token_hex(16)]
                 connection.sendall(
@@ -725,7 +725,7 @@ class _Meeting:
             return "variable"
         return "file" if self.hello.secret_dir else "none"
 
-    def wait_for_secret(self, waiting_for):
+    def wait_for_secret(self):
         """Waits (on the clock) until the chief's secret file is here; the
         hint of the timeout if it never comes."""
         hint = (
@@ -748,10 +748,9 @@ class _Meeting:
         if not isinstance(fields, dict) or fields.get("protocol") != PROTOCOL:
             raise self._not_the_chief(f"not a keras_lars answer: {line[:60]!r}")
         status = fields.get("status")
-        if status == "refused":  # signed or not: the task stops
-            raise HandshakeError(
-                f"{self.tasks[self.chief]} refused {_name(self.me)}: {fields.get('reason')!s}"
-            )
+        if status == "refused":  # signed or not: the task stops, on one line
+            reason = " ".join(str(fields.get("reason")).split())[:2000]
+            raise HandshakeError(f"{self.tasks[self.chief]} refused {_name(self.me)}: {reason}")
         names = {"protocol", "status", "task", "proof"} if status == "waiting" else _ANSWER_FIELDS
         if status not in expected or set(fields) != names:
             raise self._not_the_chief(f"it answered {str(status)[:40]!r}")

@@ -5,7 +5,8 @@
 It knows what an outsider can learn (the port, the run's cluster, its
 settings) and nothing else: it waits for the chief at PORT (at most SECONDS),
 tries to read the secret file the challenge names in MODEL_DIR (started as
-root, it first becomes user nobody, 65534, so that it cannot), answers the
+root, it first becomes user nobody, 65534, so that it cannot; as any other
+user it does not try, being the run's user), answers the
 challenge as task [JOB, INDEX] with a proof keyed by what it read, else by the
 run and the settings (the key the hello of keras_lars.rendezvous/1 had without
 $KERAS_LARS_RUN_SECRET), then prints one JSON line: {"read": what reading the
