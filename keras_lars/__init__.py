@@ -30,6 +30,18 @@ from keras_lars.schedules import WarmupPolyDecay
 
 __version__ = "0.1.0"
 
+
+def __getattr__(name):
+    """`keras_lars.models`, the reference models, loaded on first use (so that
+    `import keras_lars` then `keras_lars.models.resnet50()` works, and
+    importing keras_lars alone builds nothing)."""
+    if name == "models":
+        import importlib
+
+        return importlib.import_module("keras_lars.models")
+    raise AttributeError(f"module 'keras_lars' has no attribute {name!r}")
+
+
 __all__ = [
     "LARS",
     "LAMB",

@@ -1,5 +1,8 @@
 """Tests of the reference models (models/): sizes, shapes, options, training."""
 
+import subprocess
+import sys
+
 import keras
 import numpy as np
 import pytest
@@ -397,3 +400,24 @@ def test_model_kinds_match_the_built_models(builder, small):
     assert models.takes_any_image_size(builder) == any(
         isinstance(layer, keras.layers.GlobalAveragePooling2D) for layer in layers
     )
+
+
+def test_the_models_are_an_attribute_of_keras_lars_after_importing_it_alone():
+    """README's `import keras, keras_lars` then `keras_lars.models.resnet50(...)`, in
+    a fresh interpreter (here keras_lars.models is imported already)."""
+    code = (
+        "import keras, keras_lars, sys\n"
+        "assert 'keras_lars.models' not in sys.modules\n"
+        "model = keras_lars.models.simple_cnn(num_classes=10)\n"
+        "print(model.name, keras_lars.models.resnet50 is not None)\n"
+        "try:\n"
+        "    keras_lars.no_such_name\n"
+        "except AttributeError as error:\n"
+        "    print(error)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.splitlines() == [
+        "simple_cnn True",
+        "module 'keras_lars' has no attribute 'no_such_name'",
+    ]
