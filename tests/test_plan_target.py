@@ -198,9 +198,12 @@ def test_the_report_from_a_study_and_a_run(tmp_path):
     )
     assert f"--from_run {tmp_path}/run/summary.json measured 500.0 images/s at batch 256" in text
     rows = [line.split() for line in lines if line.lstrip().startswith(("32 ", "1,024*"))]
-    assert rows[0][:2] == ["32", "220"] and rows[1][:2] == ["1,024*", "26"]  # 20 + 6400/1024
+    assert rows[0][:2] == ["32", "220"] and rows[1][:2] == ["1,024*", "26.2"]  # 20 + 6400/1024
     assert "*: outside the batches measured (32 .. 512): S(B) extrapolated" in lines
+    assert "device time (devices x time to accuracy; / 3600 s: device-hours):" in lines
+    assert cli.duration(0.25) == "250 ms" and cli.duration(4.25) == "4.2 s"
     assert lines[-2].startswith("fastest   batch ") and lines[-1].startswith("cheapest  batch ")
+    assert not any(line.lstrip().startswith("2,048") for line in lines)  # > the 1,437 examples
 
 
 # --- bad input: one line naming the flag and the file --------------------------------------------

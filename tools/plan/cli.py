@@ -501,7 +501,9 @@ def _does_not_fit(memory, per_device):
 
 # --- output ---------------------------------------------------------------------------------
 def duration(seconds):
-    """'42 s', '12.5 min', '3.2 h' or '4.1 d'."""
+    """'250 ms', '4.2 s', '42 s', '12.5 min', '3.2 h' or '4.1 d'."""
+    if seconds < 1:
+        return f"{seconds * 1e3:.3g} ms"
     if seconds < 120:
         return f"{seconds:.1f} s" if seconds < 10 else f"{seconds:.0f} s"
     if seconds < 2 * 3600:

@@ -232,10 +232,10 @@ def default_batches(curve):
         low, high = min(curve.measured), 4 * max(curve.measured)
     else:
         low, high = curve.b_crit / 16, curve.b_crit * 16
-    if curve.max_batch:
-        high = min(high, curve.max_batch)
     first = max(0, math.floor(math.log2(max(low, 1))))
     last = max(first, math.ceil(math.log2(max(high, 1))))
+    while curve.max_batch and last > first and 2**last > curve.max_batch:
+        last -= 1
     return tuple(2**e for e in range(first, min(last, first + 11) + 1))
 
 
@@ -293,12 +293,16 @@ def speed_line(options, run, scale):
     )
 
 
+def _steps_text(steps):
+    return f"{steps:,.1f}" if steps < 100 else f"{steps:,.0f}"
+
+
 def _table(cells, value, title):
     counts = [c.devices for c in cells[0]]
     lines = [title, f"{'batch':>9}{'steps':>10}" + "".join(f"{n:>13,}" for n in counts)]
     for row in cells:
         batch = row[0].batch
-        steps = next((f"{c.steps:,.0f}" for c in row if not c.refused), "-")
+        steps = next((_steps_text(c.steps) for c in row if not c.refused), "-")
         texts = []
         for c in row:
             text = c.refused or value(c) + (f" a{c.accumulation}" if c.accumulation > 1 else "")
@@ -338,7 +342,11 @@ def report(options, duration):
         "time to accuracy, global batch (rows) x devices (columns):",
     )
     lines.append("")
-    lines += _table(cells, lambda c: f"{c.device_hours:.3g}", "device-hours:")
+    lines += _table(
+        cells,
+        lambda c: duration(c.device_hours * 3600),
+        "device time (devices x time to accuracy; / 3600 s: device-hours):",
+    )
     notes = []
     if any(row[0].extrapolated for row in cells):
         measured = sorted(curve.measured)
@@ -361,7 +369,8 @@ def report(options, duration):
         lines.append(
             f"{name}  batch {c.batch:,} on {c.devices:,} device{'s' if c.devices > 1 else ''}"
             f"{f' x {c.accumulation} micro-batches' if c.accumulation > 1 else ''}: "
-            f"{duration(c.seconds)}, {c.device_hours:.3g} device-hours ({c.steps:,.0f} steps of "
-            f"{c.step.step * 1e3:.1f} ms){' (extrapolated)' if c.extrapolated else ''}"
+            f"{duration(c.seconds)}, {c.device_hours:.3g} device-hours "
+            f"({_steps_text(c.steps)} steps of {c.step.step * 1e3:.1f} ms)"
+            f"{' (extrapolated)' if c.extrapolated else ''}"
         )
     return "\n".join(lines)
