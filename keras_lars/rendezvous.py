@@ -132,8 +132,7 @@ def meet(
     hello = _Hello(run, settings or {}, secret_dir)
     clock = _Clock(timeout_seconds, report_every_seconds, log, stop)
     if chief == tuple(me):
-        with _Secret(secret_dir, hello.run, log, chief_address) as secret:
-            return _gather(hello, secret, tasks, chief_address, clock, addresses or {}, others)
+        return _gather(hello, tasks, chief_address, clock, addresses or {}, others)
     with _Reserved(own_address):
         _join(hello, tuple(me), tasks, chief_address, clock, others)
     return len(tasks) - 1
@@ -453,17 +452,26 @@ def listen_host(host):
     return host
 
 
-def _gather(hello, secret, tasks, address, clock, addresses, others):
-    """The chief's side: serves every connection at once until each task of
-    `tasks` is in; then "go", or "refused" and HandshakeError."""
-    chief = next(iter(tasks))
-    expected = [task for task in tasks if task != chief]
+def _gather(hello, tasks, address, clock, addresses, others):
+    """The chief's side: holds its address, then serves every connection at
+    once until each task of `tasks` is in (the key: `_Secret`); then "go", or
+    "refused" and HandshakeError."""
     host, port = split_address(address)
     try:
         bound = listen_host(host)
         server = socket.create_server((bound, port), family=_family(bound), backlog=64)
     except OSError as error:
         raise OSError(f"cannot listen on this task's address {address}: {error}") from None
+    try:
+        with _Secret(hello.secret_dir, hello.run, clock.log, address) as secret:
+            return _serve(hello, secret, server, tasks, clock, addresses, others)
+    finally:
+        server.close()
+
+
+def _serve(hello, secret, server, tasks, clock, addresses, others):
+    chief = next(iter(tasks))
+    expected = [task for task in tasks if task != chief]
     arrived, pending = {}, {}  # task: _Connection (admitted); socket: _Connection (not all in)
     selector = selectors.DefaultSelector()
     server.setblocking(False)
@@ -572,7 +580,6 @@ def _gather(hello, secret, tasks, address, clock, addresses, others):
         for connection in [*pending.values(), *arrived.values()]:
             connection.sock.close()
         selector.close()
-        server.close()
 
 
 def _accept(server, selector, pending, drop, hello, secret):

@@ -503,6 +503,28 @@ def test_a_process_beyond_the_chiefs_count_is_refused():
     thread.join()
 
 
+def test_a_coordinator_address_that_cannot_be_held_is_not_blamed_on_the_timeout():
+    """Before (issue 41, item 6): "cannot join the other processes within
+    --worker_start_timeout_minutes=1: ..." for causes not about time."""
+    runtime_jax = pytest.importorskip("keras_lars.tools.train.runtime_jax")
+    (port,) = free_ports(1)
+    with socket.create_server(("localhost", port)):
+        with pytest.raises(ConfigError) as taken:
+            runtime_jax.meet_processes(_jax_config(port, num_processes=2, process_id=0))
+    assert str(taken.value).startswith(
+        f"--coordinator_address=localhost:{port} --num_processes=2 --process_id=0: cannot "
+        f"listen on this task's address localhost:{port}: "
+    )
+    with pytest.raises(ConfigError) as malformed:
+        runtime_jax.meet_processes(
+            Config(backend="jax", coordinator_address="localhost:abc", num_processes=2)
+        )
+    assert str(malformed.value) == (
+        "--coordinator_address=localhost:abc --num_processes=2 --process_id=0: "
+        "'localhost:abc' is not host:port"
+    )
+
+
 # --- the TensorFlow road: foreign listeners ------------------------------------------
 def _tf_config(monkeypatch, ports, index):
     cluster = {"worker": [f"localhost:{port}" for port in ports]}
