@@ -78,7 +78,7 @@ def test_a_study_fit_gives_the_curve_and_its_measured_batches(tmp_path):
     assert curve.b_crit == 320.0
     assert curve.measured == (32, 128, 512) and curve.max_batch == 1437
     assert [curve.extrapolated(b) for b in (16, 32, 512, 1024)] == [True, False, False, True]
-    assert curve.target == "accuracy 0.8 of simple_cnn on digits"
+    assert curve.target == "accuracy 0.8 of simple_cnn on digits" and curve.model == "simple_cnn"
 
 
 def test_s_min_with_b_crit_or_e_min():
@@ -202,6 +202,12 @@ def test_the_report_from_a_study_and_a_run(tmp_path):
     assert "*: outside the batches measured (32 .. 512): S(B) extrapolated" in lines
     assert "device time (devices x time to accuracy; / 3600 s: device-hours):" in lines
     assert cli.duration(0.25) == "250 ms" and cli.duration(4.25) == "4.2 s"
+    assert not any(line.startswith("note ") for line in lines)  # the run's model is the study's
+    other = settings(target_study=options.target_study, target_optimizer="lamb", **ONE)
+    assert (
+        "note      the study trained simple_cnn at 28, the steps are timed for resnet50 at 224: "
+        "the curve is assumed to carry over"
+    ) in tta.report(other, cli.duration).splitlines()
     assert lines[-2].startswith("fastest   batch ") and lines[-1].startswith("cheapest  batch ")
     assert not any(line.lstrip().startswith("2,048") for line in lines)  # > the 1,437 examples
 
@@ -278,3 +284,28 @@ def test_bad_curves_and_runs_are_one_line(tmp_path, monkeypatch, capsys):
     assert _main(monkeypatch, capsys, **given, target_noise_scale=5.0) == (
         "error: --target_s_min: one source of steps to the target, not also --target_noise_scale."
     )
+
+
+def test_the_planning_page_example_is_what_the_planner_prints(tmp_path):
+    # the study's fit and the run's summary as the page's commands wrote them (2026-12-05)
+    fit = {
+        "study": dict(FIT["study"], train_examples=1438, image_size=16, optimizers=["lamb"]),
+        "fits": {
+            "lamb": {
+                "s_min": 4.222222222222222,
+                "e_min": 568.8888888888891,
+                "b_crit": 134.7368421052632,
+                "batches": [32, 128, 512],
+            }
+        },
+    }
+    study = write_study(tmp_path / "tta_study", fit)
+    run = write_run(tmp_path / "tta_run", rate=4279.4, batch=128, image_size=16)
+    options = settings(target_study=study, from_run=run, target_devices="1,2,4,8,16")
+    text = tta.report(options, cli.duration).replace(str(tmp_path), "/tmp")
+    with open(os.path.join(os.path.dirname(__file__), "..", "docs", "planning.md")) as f:
+        page = f.read()
+    start = page.index("<!-- time to accuracy example:")
+    block = page[start : page.index("<!-- end of the time to accuracy example -->")]
+    printed = block.split("--target_devices=1,2,4,8,16\n", 1)[1].rsplit("```", 1)[0]
+    assert printed == text + "\n"

@@ -44,6 +44,8 @@ class StepsCurve:
     measured: tuple = ()
     max_batch: int = None
     target: str = ""  # "accuracy 0.9 of simple_cnn on fashion_mnist" where known
+    model: str = ""  # the model the study trained, where known
+    image_size: int = 0  # and its image side
 
     @property
     def b_crit(self):
@@ -173,6 +175,8 @@ def study_curve(directory, optimizer):
         measured=batches,
         max_batch=examples if isinstance(examples, int) and examples > 0 else None,
         target=target,
+        model=study.get("model") if isinstance(study.get("model"), str) else "",
+        image_size=study.get("image_size") if isinstance(study.get("image_size"), int) else 0,
     )
 
 

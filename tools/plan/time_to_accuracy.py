@@ -334,8 +334,14 @@ def report(options, duration):
         speed_line(options, run, scale),
         f"cluster   {options.devices_per_node} devices a node, {options.algorithm} all-reduce "
         f"of {options.gradient_dtype} gradients, overlap {'on' if options.overlap else 'off'}",
-        "",
     ]
+    trained = (curve.model, curve.image_size or options.image_size)
+    if curve.model and trained != (options.model, options.image_size):
+        lines.append(
+            f"note      the study trained {trained[0]} at {trained[1]}, the steps are timed "
+            f"for {options.model} at {options.image_size}: the curve is assumed to carry over"
+        )
+    lines.append("")
     lines += _table(
         cells,
         lambda c: duration(c.seconds),
