@@ -216,3 +216,15 @@ def test_noise_scale_micro_batches_that_do_not_divide_the_batch_are_one_line():
     study = parse(*TARGET, "--batch_sizes=64,256", "--noise_scale_batch_size=256")
     assert target_search.noise_scale_run(study, 1438) == (256, 8)
     assert target_search.noise_scale_run(parse(*TARGET), 1438) == (None, 0)
+
+
+def test_batches_larger_than_the_devices_hold_train_in_micro_batches():
+    study = parse(*TARGET, "--max_micro_batch_size=100")
+    # The fewest k dividing B with B / k <= 100.
+    assert [study.micro_batches(b) for b in (64, 100, 256, 1438, 60000)] == [1, 1, 4, 719, 600]
+    assert parse(*TARGET).micro_batches(60000) == 1
+    t = target_search.trial(study, "lars", 256, 1.0, 0, 0, 1438)
+    assert (t.config.gradient_accumulation_steps, t.config.micro_batch_size) == (4, 64)
+    assert t.key != target_search.trial(parse(*TARGET), "lars", 256, 1.0, 0, 0, 1438).key
+    cell = batch_study.cell_config(parse("--max_micro_batch_size=100"), "sgd", 512, 0)
+    assert cell.gradient_accumulation_steps == 8

@@ -93,8 +93,16 @@ def cell_config(study, optimizer, batch_size, seed, kind=GRID):
         batch_size = phases[0].global_batch_size
         coupling = RAMP_COUPLING[rule] if kind == "ramp" else "grow"
         control = {"batch_schedule": study.control_schedule, "batch_coupling": coupling}
+    micro = 1 if control else study.micro_batches(batch_size)  # a ramp changes its batch
     cell = CellSettings(
-        optimizer, batch_size, base, rule, seed, model_dir=study.study_dir, **control
+        optimizer,
+        batch_size,
+        base,
+        rule,
+        seed,
+        model_dir=study.study_dir,
+        gradient_accumulation_steps=micro,
+        **control,
     )
     config = dataclasses.replace(study.shared, **dataclasses.asdict(cell))
     if kind == "grow":

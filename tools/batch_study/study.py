@@ -51,6 +51,7 @@ class CellSettings:
     divergence_rate_factor: float = train.Config.divergence_rate_factor  # unused: no rollback
     batch_schedule: str = ""  # a batch-control cell's phases
     batch_coupling: str = train.Config.batch_coupling
+    gradient_accumulation_steps: int = 1  # from --max_micro_batch_size
 
 
 PER_CELL = tuple(field.name for field in dataclasses.fields(CellSettings))
@@ -237,6 +238,14 @@ class StudySettings:
         "(e.g. those around the knee); empty: every one of --batch_sizes.",
         check=lambda entries, config: _batch_sizes_problem(entries, config) if entries else None,
     )
+    max_micro_batch_size: int = setting(
+        0,
+        "A cell (or trial) whose batch is larger trains in micro-batches of at most this "
+        "many images, the fewest that divide its batch (the training tool's "
+        "--gradient_accumulation_steps): the batch your devices hold. Batch norm then "
+        "normalises each micro-batch by itself. 0: no limit.",
+        check=at_least(0),
+    )
     noise_scale_batch_size: str = setting(
         "",
         "steps_to_target: after the seeds, each optimizer trains once more at this batch "
@@ -275,6 +284,17 @@ class Study:
     control_schedule: str = ""  # the batch-control ramp's phases, "" for none
     control_optimizers: tuple = ()
     search: object = None  # steps_to_target: its TargetSearch, else None
+    max_micro_batch_size: int = 0  # 0: no limit
+
+    def micro_batches(self, batch_size):
+        """The fewest micro-batches k that divide `batch_size` into batches of
+        at most --max_micro_batch_size (1 without a limit)."""
+        limit = self.max_micro_batch_size
+        if not limit:
+            return 1
+        return next(
+            k for k in range(1, batch_size + 1) if not batch_size % k and batch_size <= k * limit
+        )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -335,6 +355,7 @@ def make_study(own, shared, given=()):
         own.control_schedule,
         (own.control_optimizers or own.optimizers) if own.control_schedule else (),
         search,
+        own.max_micro_batch_size,
     )
 
 

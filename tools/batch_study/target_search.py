@@ -90,6 +90,7 @@ def trial(study, optimizer, batch_size, centre, rate_step, seed, num_train, micr
         seed,
         model_dir=study.study_dir,
         train_steps=budget,
+        gradient_accumulation_steps=study.micro_batches(batch_size),
     )
     config = dataclasses.replace(
         study.shared,
