@@ -8,14 +8,15 @@ all-reduce algorithm.
     keras-lars-plan --records        # published ImageNet records: published vs predicted
     keras-lars-plan --devices=128 --batch_schedule=0:4096,30:8192,60:16384 \
         --image_size_schedule=0:128,40:192,80:224     # a phased plan: one row a phase
+    keras-lars-plan --target_study=STUDY_DIR --from_run=MODEL_DIR  # time to accuracy
 
 (also `python -m keras_lars.tools.plan`; `--help` documents every input).
 One step over p devices, b = B / p images each:
 
     step = (b + b_half) t_image / u + c_fixed + max(0, allreduce(n) - backward) + input stall
 
-The modules, data flowing one way (cli -> phases, pipeline -> step ->
-device, cost_models; records and calibration are data):
+The modules, data flowing one way (cli -> time_to_accuracy, phases, pipeline
+-> step -> device, cost_models; records and calibration are data):
 
     cost_models  the all-reduce alpha-beta models: ring, tree, halving_doubling,
                  hierarchical, torus2d (formulas and sources in their docstrings)
@@ -37,6 +38,11 @@ device, cost_models; records and calibration are data):
     hlo          the bytes of the collectives in a compiled program's HLO text
     hlo_bytes    the planned bytes against the tool's compiled step (a script)
     records      published ImageNet / ResNet-50 times with their hardware (data)
+    target_curve steps to a target accuracy against the batch, S(B) = S_min + E_min / B,
+                 from a study's fit.json, S_min and B_crit, or a noise scale
+    time_to_accuracy  a measured run's throughput scaling the step; time to
+                 accuracy and device time over batch x devices, with accumulation
+    target_flags the time-to-accuracy settings (cli.PlanSettings inherits them)
     cli          the flags, the text reports, `run` (the console script)
 
 docs/planning.md has the equations, the records table and what could not be
