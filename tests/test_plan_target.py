@@ -7,6 +7,8 @@ The expected numbers are worked by hand from the equations."""
 
 import json
 import os
+import subprocess
+import sys
 
 import pytest
 
@@ -309,3 +311,34 @@ def test_the_planning_page_example_is_what_the_planner_prints(tmp_path):
     block = page[start : page.index("<!-- end of the time to accuracy example -->")]
     printed = block.split("--target_devices=1,2,4,8,16\n", 1)[1].rsplit("```", 1)[0]
     assert printed == text + "\n"
+
+
+@pytest.mark.subprocess
+def test_the_console_script_prints_the_grid_and_bad_input_is_one_line_exit_1(tmp_path):
+    study = write_study(tmp_path / "study")
+
+    def plan(*flags):
+        return subprocess.run(
+            [sys.executable, "-m", "keras_lars.tools.plan", *flags],
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+
+    good = plan(f"--target_study={study}", "--target_optimizer=lamb", "--target_devices=1,2")
+    assert good.returncode == 0, good.stderr
+    assert good.stdout.startswith("time to accuracy 0.8 of simple_cnn on digits: ")
+    bad = plan(f"--target_study={study}", "--target_optimizer=adam")
+    assert bad.returncode == 1 and bad.stdout == ""
+    assert bad.stderr.strip().splitlines()[-1] == (
+        f"error: --target_optimizer=adam: the study {study}/fit.json has no adam (it has "
+        "lamb, sgd)."
+    )
+    assert "Traceback" not in bad.stderr
+    unknown = plan("--model=resnet9000")
+    assert unknown.returncode == 1 and "FATAL" not in unknown.stderr
+    assert (
+        unknown.stderr.strip()
+        .splitlines()[-1]
+        .startswith("error: flag --model=resnet9000: value should be one of <resnet18|")
+    )
