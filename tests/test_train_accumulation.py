@@ -7,6 +7,7 @@ finer), up to float rounding."""
 
 import json
 import math
+import os
 import signal
 import subprocess
 import time
@@ -75,6 +76,9 @@ def test_the_noise_scale_is_in_the_history_from_the_micro_batches(tmp_path):
 
 
 def test_a_stop_inside_an_epoch_resumes_at_an_update_and_ends_as_the_uninterrupted_run(tmp_path):
+    """SIGTERM inside the first epoch, with accumulation, evaluations every 5
+    updates and a target: the rerun's history, evaluations, target and last
+    weights are the uninterrupted run's."""
     args = [
         "--model=simple_cnn",
         "--image_size=16",
@@ -88,6 +92,8 @@ def test_a_stop_inside_an_epoch_resumes_at_an_update_and_ends_as_the_uninterrupt
         "--base_learning_rate=0.01",
         "--lr_scaling=none",
         "--checkpoint_every_steps=3",
+        "--eval_every_steps=5",
+        "--target_accuracy=1.0",
     ]
     whole = tmp_path / "whole"
     assert run_tool([*args, f"--model_dir={whole}"]).returncode == 0
@@ -114,7 +120,16 @@ def test_a_stop_inside_an_epoch_resumes_at_an_update_and_ends_as_the_uninterrupt
     assert [{k: h[k] for k in keys} for h in a["history"]] == [
         {k: h[k] for k in keys} for h in b["history"]
     ]
-    name = "ckpt-0006.weights.h5"
+
+    # The evaluations and the target too (both features resume exactly).
+    def numbers(evaluations):
+        return [{k: v for k, v in e.items() if k != "seconds"} for e in evaluations]
+
+    assert numbers(a["evaluations"]) == numbers(b["evaluations"])
+    assert len(a["evaluations"]) > 6 and numbers([a["target"]]) == numbers([b["target"]])
+    last = checkpoints.saved(str(whole / "checkpoints"))[-1]
+    assert checkpoints.saved(str(stopped / "checkpoints"))[-1] == last
+    name = os.path.basename(checkpoints.stem(str(whole / "checkpoints"), *last)) + ".weights.h5"
     assert_same_weights(whole / "checkpoints" / name, stopped / "checkpoints" / name, 5)
 
 
