@@ -283,6 +283,26 @@ def test_bad_curves_and_runs_are_one_line(tmp_path, monkeypatch, capsys):
         f"error: --from_run={unknown}: {unknown}/summary.json: the run's replica count is not "
         "recorded (no checkpoints/ckpt-*.json beside it with a layout): give --from_run_devices."
     )
+    assert _main(monkeypatch, capsys, **given, layers=True) == (
+        "error: --target_s_min: time to accuracy plans its own batch x devices grid: not with "
+        "--layers."
+    )
+    accumulated = write_run(tmp_path / "accumulated", batch=256, gradient_accumulation_steps=3)
+    assert _main(monkeypatch, capsys, **given, from_run=accumulated) == (
+        f"error: --from_run={accumulated}: {accumulated}/summary.json: global batch 256 does "
+        "not divide into 1 replicas x 3 micro-batches (--from_run_devices?)."
+    )
+    phased = write_run(tmp_path / "phased", batch_schedule="0:64,2:128")
+    assert _main(monkeypatch, capsys, **given, from_run=phased) == (
+        f"error: --from_run={phased}: {phased}/summary.json: the run changed its batch "
+        "(--batch_schedule=0:64,2:128): its throughput is not one batch's."
+    )
+    with pytest.raises(ConfigError) as raised:
+        settings(target_batches="64,lots")
+    assert str(raised.value) == (
+        "--target_batches=64,lots: must be whole numbers >= 1, separated by commas: 'lots' is "
+        "not a whole number >= 1."
+    )
     assert _main(monkeypatch, capsys, **given, target_noise_scale=5.0) == (
         "error: --target_s_min: one source of steps to the target, not also --target_noise_scale."
     )

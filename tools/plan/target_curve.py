@@ -180,10 +180,9 @@ def study_curve(directory, optimizer):
     )
 
 
-def curve(options):
-    """The StepsCurve the flags give (None: no time-to-accuracy source);
-    one source at most."""
-    sources = [
+def source_flags(options):
+    """The flags of the steps-to-target sources given (empty: none)."""
+    return [
         name
         for name, given in (
             ("--target_study", options.target_study),
@@ -195,6 +194,12 @@ def curve(options):
         )
         if given
     ]
+
+
+def curve(options):
+    """The StepsCurve the flags give (None: no time-to-accuracy source);
+    one source at most."""
+    sources = source_flags(options)
     if not sources:
         return None
     if len(sources) > 1:

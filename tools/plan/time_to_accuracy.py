@@ -40,6 +40,7 @@ from keras_lars.tools.plan.target_flags import parse_counts
 from keras_lars.tools.settings import ConfigError
 
 SUMMARY_FILE = "summary.json"  # tools/train/model_dir.write_summary
+OTHER_PLANS = ("layers", "layout_out", "batch_schedule", "image_size_schedule")  # one batch's
 
 
 @dataclasses.dataclass(frozen=True)
@@ -319,6 +320,12 @@ def report(options, duration):
     curve = target_curve.curve(options)
     if curve is None:
         return None
+    others = [f"--{name}" for name in OTHER_PLANS if getattr(options, name)]
+    if others:
+        raise ConfigError(
+            f"{target_curve.source_flags(options)[0]}: time to accuracy plans its own batch x "
+            f"devices grid: not with {', '.join(others)}."
+        )
     run = read_run(options.from_run, options.from_run_devices) if options.from_run else None
     if run:
         options = run_options(options, run)
