@@ -50,6 +50,9 @@ class LAMB(LayerwiseOptimizer):
         record_trust_ratios: bool, keep each adapted variable's last trust
             ratio and norms for `trust_ratio_stats()` and
             `keras_lars.TrustRatioMonitor`.
+        **kwargs: Keras's base optimizer arguments, except `weight_decay`.
+
+    Other Parameters:
         allreduce_dtype: None, "float32", "bfloat16" or "float16": the
             precision of the cross-replica gradient sum under a tf.distribute
             strategy (`LayerwiseOptimizer._all_reduce_sum_gradients`).
@@ -60,7 +63,6 @@ class LAMB(LayerwiseOptimizer):
             Needs >= 2 tf.distribute replicas or `gradient_accumulation_steps`.
         noise_scale_decay: float in [0, 1), the decay of the moving averages
             of |G|^2 and tr(Sigma) (0.99 by default).
-        **kwargs: Keras's base optimizer arguments, except `weight_decay`.
 
     With `gradient_accumulation_steps=k` an update averages k micro-batches'
     gradients and equals one step on their whole batch (no batch norm; batch

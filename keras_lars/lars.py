@@ -24,19 +24,20 @@ class LARS(LayerwiseOptimizer):
         w = w - v
 
     Options:
-    - `trust_denominator="norm_of_sum"`: ratio = eta*||w|| / (||g + beta*w|| + eps)
+
+    - `trust_denominator="norm_of_sum"`: `ratio = eta*||w|| / (||g + beta*w|| + eps)`
       (tensorflow/models and optax).
     - `classic_momentum=False`: the rate outside the buffer (timm):
-      v = m*v + ratio*(g + beta*w); w = w - lr*v.
+      `v = m*v + ratio*(g + beta*w); w = w - lr*v`.
     - `classic_momentum=False, trust_denominator="update_norm"`: the ratio
       of the momentum update (tensorflow/models' `classic_momentum=False`
-      mode): v = m*v + (g + beta*w); u = v (Nesterov:
-      u = m*v + (g + beta*w)); ratio = eta*||w|| / (||u|| + eps);
-      w = w - lr*ratio*u.
-    - `nesterov=True`: w takes the look-ahead step, m*v + (this step's
+      mode): `v = m*v + (g + beta*w); u = v` (Nesterov:
+      `u = m*v + (g + beta*w)`); `ratio = eta*||w|| / (||u|| + eps)`;
+      `w = w - lr*ratio*u`.
+    - `nesterov=True`: w takes the look-ahead step, `m*v` + (this step's
       term), instead of v.
     - `clip_trust_ratio=True` (LARC "clip" mode, timm's `trust_clip`): the
-      local rate is min(ratio, lr) instead of lr * ratio. Where a norm is 0
+      local rate is `min(ratio, lr)` instead of `lr * ratio`. Where a norm is 0
       the ratio stays 1 (rate lr); timm then uses min(lr, 1), and LARC also
       skips the weight decay.
 
@@ -72,6 +73,11 @@ class LARS(LayerwiseOptimizer):
         record_trust_ratios: bool, keep each adapted variable's last trust
             ratio and norms for `trust_ratio_stats()` and
             `keras_lars.TrustRatioMonitor`.
+        **kwargs: Keras's base optimizer arguments (`clipnorm`,
+            `global_clipnorm`, `use_ema`, `loss_scale_factor`,
+            `gradient_accumulation_steps`, ...), except `weight_decay`.
+
+    Other Parameters:
         allreduce_dtype: None, "float32", "bfloat16" or "float16": the
             precision of the cross-replica gradient sum under a tf.distribute
             strategy (`LayerwiseOptimizer._all_reduce_sum_gradients`).
@@ -82,9 +88,6 @@ class LARS(LayerwiseOptimizer):
             Needs >= 2 tf.distribute replicas or `gradient_accumulation_steps`.
         noise_scale_decay: float in [0, 1), the decay of the moving averages
             of |G|^2 and tr(Sigma) (0.99 by default).
-        **kwargs: Keras's base optimizer arguments (`clipnorm`,
-            `global_clipnorm`, `use_ema`, `loss_scale_factor`,
-            `gradient_accumulation_steps`, ...), except `weight_decay`.
 
     With `gradient_accumulation_steps=k` an update averages k micro-batches'
     gradients and equals one step on their whole batch (no batch norm; batch

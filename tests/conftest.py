@@ -281,6 +281,9 @@ VERSION_INDEPENDENT = {
     "test_plan_records.py": "the planner's records and their sources",
     "test_plan_schedule.py": "the planner's phased-plan arithmetic",
     "test_docs.py": "the docs' links, examples and generated pages",
+    "test_site.py": "the API reference's pages against __all__ (source read, not run)",
+    "test_doc_examples.py": "README's and the guides' examples, checked once; each "
+    "behaviour they show has its own test on every pair",
     "test_tiers.py": "the test tiers' own machinery",
 }
 

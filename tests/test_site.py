@@ -1,0 +1,75 @@
+"""The API reference: every public name has one entry in docs/api/ and a
+docstring (docs/site_hooks.py's check, which `mkdocs build --strict` runs in
+CI; here without mkdocs), and the check itself catches a missing entry."""
+
+import importlib.util
+import os
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _hooks():
+    spec = importlib.util.spec_from_file_location(
+        "site_hooks", os.path.join(ROOT, "docs", "site_hooks.py")
+    )
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_every_public_name_has_an_api_entry_and_a_docstring():
+    assert _hooks().api_problems() == []
+
+
+def test_the_public_names_read_from_source_are_the_imported_ones():
+    import keras_lars
+    import keras_lars.models
+
+    hooks = _hooks()
+    assert hooks.public_names("keras_lars") == keras_lars.__all__
+    assert hooks.public_names("keras_lars.models") == keras_lars.models.__all__
+    for package in (keras_lars, keras_lars.models):
+        for name in package.__all__:
+            value = getattr(package, name)
+            if callable(value) or hasattr(value, "__path__"):
+                assert (value.__doc__ or "").strip(), f"{package.__name__}.{name}"
+
+
+def test_a_name_added_to_all_without_a_page_is_reported(monkeypatch):
+    hooks = _hooks()
+    names = hooks.public_names
+    monkeypatch.setattr(
+        hooks,
+        "public_names",
+        lambda package: names(package) + (["Undocumented"] if package == "keras_lars" else []),
+    )
+    assert hooks.api_problems() == [
+        "keras_lars.Undocumented is public (its __all__) but has no "
+        "'::: keras_lars.Undocumented' in docs/api/"
+    ]
+
+
+def test_an_entry_for_a_name_not_in_all_is_reported(monkeypatch):
+    hooks = _hooks()
+    entries = hooks.api_entries()
+    monkeypatch.setattr(
+        hooks,
+        "api_entries",
+        lambda: {**entries, ("keras_lars", "kernels"): "api/optimizers.md"},
+    )
+    assert hooks.api_problems() == [
+        "api/optimizers.md: '::: keras_lars.kernels' is not in keras_lars.__all__"
+    ]
+
+
+def test_links_between_docs_and_the_repository_markdown_resolve_on_the_site():
+    link = _hooks().site_link
+    assert link("index.md", "docs/optimizers.md") == "optimizers.md"
+    assert link("index.md", "docs/batch_study/README.md") == "batch_study/README.md"
+    assert link("index.md", "CONTRIBUTING.md") == "CONTRIBUTING.md"
+    assert link("optimizers.md", "../README.md") == "index.md"
+    assert link("optimizers.md", "../tests/golden/README.md") == "tests/golden/README.md"
+    assert link("batch_study/README.md", "../../README.md") == "../index.md"
+    assert link("batch_study/README.md", "../flags.md") == "../flags.md"
+    assert link("CONTRIBUTING.md", "docs/versions.md") == "versions.md"
+    assert link("optimizers.md", "https://example.org/a.md") == "https://example.org/a.md"
