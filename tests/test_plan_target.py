@@ -141,6 +141,29 @@ def test_a_batch_that_does_not_fit_accumulates_the_fewest_micro_batches():
     assert cell.step.fixed == one.fixed
 
 
+def test_an_accumulated_step_hides_the_all_reduce_behind_its_last_micro_batch_only():
+    # 2 devices of one node, 64 images each, 18 fit (above): 4 micro-batches of 16; a ring of
+    # 2 at 50 GB/s: 2 * 5 us + 4 bytes x 4,290,984 parameters / 50 GB/s
+    options = settings(
+        model="simple_cnn",
+        image_size=28,
+        device_memory_gb=0.062,
+        global_batch_size=2,
+        devices=2,
+        devices_per_node=2,
+        algorithm="ring",
+    )
+    assert options.profile().parameters == 4_290_984
+    comm = 2 * 5e-6 + 4 * 4_290_984 / 50e9
+    micro = tta.cell_step(options, 32, 2)  # one micro-batch of 16 a device
+    cell = tta.cell(options, target_curve.given_curve(10.0, 0.0, 100.0), 128, 2, 1.0)
+    assert cell.accumulation == 4
+    assert cell.step.communication == pytest.approx(comm, rel=1e-12)
+    hidden = 2 / 3 * micro.compute  # the backward pass of the last micro-batch
+    assert cell.step.exposed_communication == pytest.approx(comm - hidden, rel=1e-9)
+    assert cell.step.step == pytest.approx(4 * micro.compute + micro.fixed + comm - hidden)
+
+
 def test_the_fastest_and_the_cheapest():
     options = settings(**CUSTOM, target_batches="256,1024", target_devices="1,4")
     curve = target_curve.given_curve(100.0, 0.0, 1000.0)
