@@ -81,6 +81,13 @@ def test_a_study_fit_gives_the_curve_and_its_measured_batches(tmp_path):
     assert curve.measured == (32, 128, 512) and curve.max_batch == 1437
     assert [curve.extrapolated(b) for b in (16, 32, 512, 1024)] == [True, False, False, True]
     assert curve.target == "accuracy 0.8 of simple_cnn on digits" and curve.model == "simple_cnn"
+    assert curve.source.endswith("lamb, fitted on batches 32, 128, 512")
+    noise = dict(FIT, noise_scales={"lamb": {"batch_size": 512, "noise_scale": 250.4}})
+    measured = target_curve.study_curve(write_study(tmp_path / "noise", noise), "lamb")
+    assert measured.source.endswith(
+        "lamb, fitted on batches 32, 128, 512; measured noise scale B_simple 250 at batch 512 "
+        "(the study's, beside this B_crit)"
+    )
 
 
 def test_s_min_with_b_crit_or_e_min():

@@ -171,7 +171,7 @@ def study_curve(directory, optimizer):
         s_min,
         e_min,
         f"--target_study={path}, {optimizer}, fitted on batches "
-        f"{', '.join(f'{b:,}' for b in batches)}",
+        f"{', '.join(f'{b:,}' for b in batches)}" + _noise_scale_text(document, optimizer),
         measured=batches,
         max_batch=examples if isinstance(examples, int) and examples > 0 else None,
         target=target,
@@ -194,6 +194,18 @@ def source_flags(options):
         )
         if given
     ]
+
+
+def _noise_scale_text(document, optimizer):
+    """'; measured noise scale B_simple 120 at batch 512' where the study's
+    fit.json holds one for `optimizer` (its "noise_scales"), else ''."""
+    found = (document.get("noise_scales") or {}).get(optimizer)
+    if not isinstance(found, dict) or not isinstance(found.get("noise_scale"), (int, float)):
+        return ""
+    return (
+        f"; measured noise scale B_simple {found['noise_scale']:,.0f} at batch "
+        f"{found.get('batch_size')} (the study's, beside this B_crit)"
+    )
 
 
 def curve(options):
