@@ -353,7 +353,9 @@ def test_a_start_without_a_secret_of_its_own_says_so_in_one_line(monkeypatch, wh
 def test_a_task_without_the_chiefs_kind_of_secret_stops_with_one_line(monkeypatch):
     (port,) = free_ports(1)
     tasks = _processes(2, port)
-    chief, _ = _in_thread(_meet, ("process", 0), tasks, port, 3, log=lambda line: None)
+    lines = []
+    chief, _ = _in_thread(_meet, ("process", 0), tasks, port, 3, log=lines.append)
+    _wait_until(lambda: lines)  # its warning: the chief has chosen its key
     monkeypatch.setenv(rendezvous.SECRET_VARIABLE, "only this task's")
     with pytest.raises(rendezvous.HandshakeError) as error:
         _meet(("process", 1), tasks, port)
