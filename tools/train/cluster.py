@@ -31,8 +31,13 @@ JAX will:
     num_processes = SLURM_NTASKS,  process_id = SLURM_PROCID
 
 (jax 0.10.2 reads JAX_COORDINATOR_PORT, 0.5.3 does not; the tool hands all
-three to jax.distributed.initialize, so either way JAX uses these.) JAX
-itself still picks each process's device under SLURM: SLURM_LOCALID.
+three to jax.distributed.initialize, so either way JAX uses these; the tool
+also uses them under --num_processes=0, where JAX would detect SLURM itself.)
+JAX itself still picks each process's device under SLURM: SLURM_LOCALID.
+
+Before anything lists SLURM_STEP_NODELIST's hosts, `node_count` counts them
+from its ranges: a list naming more nodes than the step has tasks is refused
+in one line (TensorFlow's resolver took 68 s to list n[0-99999999]).
 """
 
 import json
