@@ -5,7 +5,8 @@
     nox -s oldest_ci                        # CI's stage: the oldest pair, all but the
                                             # version-independent modules (tests/conftest.py)
     nox -s matrix_table                     # docs/versions.md's table from the results
-    nox -s wheel                            # the built wheel, installed, used from elsewhere
+    nox -s wheel                            # the sdist and wheel built and twine-checked, the
+                                            # wheel installed and used from elsewhere
 
 Each pair installs the README's test extras (plus the `jax` extra, in the same
 resolver call so that it picks a jax that fits that TensorFlow) and pins
@@ -18,8 +19,8 @@ uv makes the environments when it is installed (pip install nox uv).
 
 import datetime
 import os
+import shutil
 import subprocess
-import sys
 import time
 import xml.etree.ElementTree as ElementTree
 
@@ -205,28 +206,32 @@ def _record(versions, report, seconds, scope, commit):
 
 @nox.session
 def wheel(session):
-    """Builds the wheel, installs it (not editable) with the README's tool
-    extras in a fresh environment, and from an unrelated directory checks
-    that it installed one top-level package, runs the four programs,
-    builds ResNet-50 with its 25,557,032 parameters and trains 2 epochs."""
-    dist = session.create_tmp()
-    session.run(
-        sys.executable,
-        "-m",
-        "pip",
-        "wheel",
-        "--no-deps",
-        "-w",
-        dist,
-        ".",
-        external=True,
-        silent=True,
-    )
-    (built,) = [name for name in os.listdir(dist) if name.endswith(".whl")]
-    session.install(f"{os.path.join(dist, built)}[cpu,tools]")
-    elsewhere = os.path.join(dist, "elsewhere")
+    """Builds the sdist and the wheel (`python -m build`: the wheel from the
+    sdist), checks both with `twine check --strict` (the metadata and README
+    as PyPI renders it), installs the wheel (not editable) with the README's
+    tool extras in a fresh environment, and from an unrelated directory checks
+    that it installed one top-level package at keras_lars.__version__, runs
+    the four programs, builds ResNet-50 with its 25,557,032 parameters and
+    trains 2 epochs."""
+    dist = os.path.join(session.create_tmp(), "dist")
+    shutil.rmtree(dist, ignore_errors=True)
+    session.install("build", "twine")
+    session.run("python", "-m", "build", "--outdir", dist, ".", silent=True)
+    built = sorted(os.listdir(dist))
+    session.run("twine", "check", "--strict", *(os.path.join(dist, name) for name in built))
+    (wheel_file,) = [name for name in built if name.endswith(".whl")]
+    session.install(f"{os.path.join(dist, wheel_file)}[cpu,tools]")
+    elsewhere = os.path.join(session.create_tmp(), "elsewhere")
     os.makedirs(elsewhere, exist_ok=True)
     session.chdir(elsewhere)
+    session.run(
+        "python",
+        "-c",
+        "import keras_lars; from importlib import metadata; v = keras_lars.__version__; "
+        f"print('keras_lars', v, 'built as', {built!r}); "
+        "assert metadata.version('keras-lars') == v, metadata.version('keras-lars'); "
+        f"assert all(f'-{{v}}' in name for name in {built!r})",
+    )
     # What `pip show -f keras-lars` lists: every installed file but the scripts.
     session.run(
         "python",

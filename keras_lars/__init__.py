@@ -28,7 +28,7 @@ from keras_lars.recipes import resnet50_lars_recipe
 from keras_lars.recipes import steps_per_epoch
 from keras_lars.schedules import WarmupPolyDecay
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"  # the one place: setup.cfg reads it
 
 
 def __getattr__(name):
