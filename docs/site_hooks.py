@@ -36,7 +36,9 @@ OUTSIDE_DOCS = {
 }
 # Where each public package's source lies in the repository.
 PACKAGES = {"keras_lars": "keras_lars", "keras_lars.models": "models"}
-ENTRY = re.compile(r"^::: (keras_lars(?:\.models)?)\.(\w+)\s*$", re.M)
+# `::: keras_lars.NAME`, or `::: keras_lars.models.NAME.NAME` for a function
+# defined in the module of its own name (griffe would show the module).
+ENTRY = re.compile(r"^::: (keras_lars(?:\.models)?)\.(\w+)(?:\.\2)?\s*$", re.M)
 LINK = re.compile(r"(\]\()([^)\s#]+\.md)(#[^)\s]*)?(\))")
 
 log = logging.getLogger("mkdocs.plugins.keras_lars")
@@ -70,19 +72,18 @@ def api_entries():
 
 
 def _has_docstring(package, name):
-    """Whether `package.name` (a submodule, or a class, function or constant
-    that `package`'s __init__ imports or defines) has a docstring; constants
-    count as documented by the comment lines above them."""
+    """Whether `package.name` (what `package`'s __init__ imports or defines
+    under that name: a submodule, a class, a function or a constant) has a
+    docstring; constants count as documented by the comment lines above them."""
     source = PACKAGES[package]
     init = _parse(source, "__init__.py")
-    submodule = os.path.join(ROOT, source, name)
-    if os.path.isdir(submodule):
-        return bool(ast.get_docstring(_parse(source, name, "__init__.py")))
-    if os.path.exists(submodule + ".py"):
-        return bool(ast.get_docstring(_parse(source, name + ".py")))
     for node in init.body:
         if isinstance(node, ast.ImportFrom) and any(a.name == name for a in node.names):
-            module = node.module.split(".")[-1] if node.module != package else name
+            if node.module == package:  # a submodule
+                if os.path.isdir(os.path.join(ROOT, source, name)):
+                    return bool(ast.get_docstring(_parse(source, name, "__init__.py")))
+                return bool(ast.get_docstring(_parse(source, name + ".py")))
+            module = node.module.split(".")[-1]
             return _defined_with_docstring(_parse(source, module + ".py"), name)
     return _defined_with_docstring(init, name)
 
