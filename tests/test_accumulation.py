@@ -9,14 +9,13 @@ on the JAX backend in a process of its own (python -m tests.test_accumulation).
 
 import json
 import os
-import subprocess
-import sys
 
 import keras
 import numpy as np
 import pytest
 
 import keras_lars
+from tests.processes import json_report_on_jax
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MICRO, STEPS, UPDATES = 4, 3, 4  # micro-batch b, accumulation k, applied updates
@@ -118,18 +117,7 @@ def test_a_schedule_on_a_keras_outside_the_verified_versions_is_refused(monkeypa
 
 
 def test_accumulation_on_jax_steps_as_the_whole_batch():
-    env = dict(os.environ, KERAS_BACKEND="jax", JAX_PLATFORMS="cpu", PYTHONPATH=ROOT)
-    env.pop("XLA_FLAGS", None)
-    result = subprocess.run(
-        [sys.executable, "-m", "tests.test_accumulation"],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
-    differences = json.loads(result.stdout.strip().splitlines()[-1])
+    differences = json_report_on_jax("tests.test_accumulation")
     assert differences["backend"] == "jax"
     assert differences["lars"] < TOLERANCE and differences["lamb"] < TOLERANCE, differences
 

@@ -32,6 +32,7 @@ import pytest
 
 import keras_lars
 from keras_lars import noise_scale
+from tests.processes import json_report_on_jax
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 EXAMPLES, FEATURES = 32, 3
@@ -190,18 +191,7 @@ def test_replicas_under_mirrored_strategy_match_brute_force():
 
 
 def test_micro_batches_on_jax_match_brute_force():
-    env = dict(os.environ, KERAS_BACKEND="jax", JAX_PLATFORMS="cpu", PYTHONPATH=ROOT)
-    env.pop("XLA_FLAGS", None)
-    result = subprocess.run(
-        [sys.executable, "-m", "tests.test_noise_scale"],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
-    report = json.loads(result.stdout.strip().splitlines()[-1])
+    report = json_report_on_jax("tests.test_noise_scale")
     assert report["backend"] == "jax"
     assert report["difference"] < 1e-4 and report["z"] < Z, report
 
