@@ -114,6 +114,18 @@ def noise_scale_curve(noise_scale, steps, batch):
     return StepsCurve(s_min, s_min * noise_scale, source, measured=(batch,))
 
 
+def read_json(flag, path):
+    """The JSON document in `path`, which `flag` named; a ConfigError naming
+    both when it cannot be read or is not JSON."""
+    try:
+        with open(path) as f:
+            return json.load(f)
+    except OSError as error:
+        raise ConfigError(f"{flag}: cannot read {path}: {error.strerror or error}.") from None
+    except (ValueError, UnicodeDecodeError) as error:
+        raise ConfigError(f"{flag}: {path} is not JSON: {error}.") from None
+
+
 def study_curve(directory, optimizer):
     """One optimizer's curve from a steps-to-target study's fit.json
     (`optimizer` '': the study's only one)."""
@@ -121,13 +133,7 @@ def study_curve(directory, optimizer):
     if not os.path.isdir(directory):
         raise ConfigError(f"{flag}: no such directory.")
     path = os.path.join(directory, FIT_FILE)
-    try:
-        with open(path) as f:
-            document = json.load(f)
-    except OSError as error:
-        raise ConfigError(f"{flag}: cannot read {path}: {error.strerror or error}.") from None
-    except (ValueError, UnicodeDecodeError) as error:
-        raise ConfigError(f"{flag}: {path} is not JSON: {error}.") from None
+    document = read_json(flag, path)
     fits = document.get("fits") if isinstance(document, dict) else None
     study = document.get("study") if isinstance(document, dict) else None
     if not isinstance(fits, dict) or not isinstance(study, dict) or not fits:

@@ -80,13 +80,7 @@ def read_run(path, devices=0):
     --from_run and the file."""
     flag = f"--from_run={path}"
     summary = os.path.join(path, SUMMARY_FILE) if os.path.isdir(path) else path
-    try:
-        with open(summary) as f:
-            document = json.load(f)
-    except OSError as error:
-        raise ConfigError(f"{flag}: cannot read {summary}: {error.strerror or error}.") from None
-    except (ValueError, UnicodeDecodeError) as error:
-        raise ConfigError(f"{flag}: {summary} is not JSON: {error}.") from None
+    document = target_curve.read_json(flag, summary)
     config = document.get("config") if isinstance(document, dict) else None
     if not isinstance(config, dict):
         raise ConfigError(f'{flag}: {summary} is not a keras-lars-train summary (no "config").')
