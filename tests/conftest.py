@@ -3,7 +3,7 @@
 Two logical CPUs let MirroredStrategy tests run two replicas on one machine;
 they must be configured before TensorFlow initialises its devices.
 
-Tiers (DESIGN.md, "Test tiers"): `pytest -m "not slow"` is what a developer
+Tiers (CONTRIBUTING.md, "Tests"): `pytest -m "not slow"` is what a developer
 runs between edits. `slow` is never written on a test by hand: collection
 (pytest_collection_modifyitems below) sets it on
 

@@ -86,3 +86,33 @@ def test_readme_batch_size_control_example_runs_and_gives_the_closed_form():
     # Step 20,000 is past the 90 epochs (312 + 156 + 78 steps an epoch over 30 each:
     # 90 epochs end at step 16,380): the end rate 1e-4, scaled linearly 16384 / 4096.
     assert float(found["schedule"](20000)) == np.float32(4e-4)
+
+
+# What no file of the project may say: paths of the machines it was written on,
+# notes outside the repository, and the words of its internal process.
+OUTSIDE = re.compile(r"/work/|/root/|\.\./shared|\bDESIGN\.md\b|\bREFERENCES\.md\b|\bstop \d+\b")
+SCANNED = (".md", ".py", ".cfg", ".toml", ".yml", ".txt")
+
+
+def _project_files():
+    """The repository's tracked text files (git ls-files)."""
+    import subprocess
+
+    listed = subprocess.run(
+        ["git", "ls-files"], cwd=ROOT, capture_output=True, text=True, check=True
+    ).stdout.splitlines()
+    return [name for name in listed if name.endswith(SCANNED)]
+
+
+def test_no_file_names_our_machines_notes_outside_the_repository_or_process_words():
+    files = _project_files()
+    assert "README.md" in files and "keras_lars/lars.py" in files
+    found = []
+    for name in files:
+        if name == "tests/test_docs.py":  # the pattern itself
+            continue
+        for number, line in enumerate(_read(name).splitlines(), 1):
+            if OUTSIDE.search(line):
+                found.append(f"{name}:{number}: {line.strip()}")
+    assert not found, "\n".join(found)
+    assert OUTSIDE.search("see ../shared/DESIGN.md") and OUTSIDE.search("CI of stop 37")
