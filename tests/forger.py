@@ -9,8 +9,11 @@ root, it first becomes user nobody, 65534, so that it cannot; as any other
 user it does not try, being the run's user), answers the
 challenge as task [JOB, INDEX] with a proof keyed by what it read, else by the
 run and the settings (the key the hello of keras_lars.rendezvous/1 had without
-$KERAS_LARS_RUN_SECRET), then prints one JSON line: {"read": what reading the
-secret gave, "answer": the chief's answer, as text}.
+$KERAS_LARS_RUN_SECRET). It prints a JSON line when the chief's challenge
+came ({"challenged": true}; the test starts the real task only then: the
+stranger must meet the start, not the server that follows it), then one
+more: {"read": what reading the secret gave, "answer": the chief's answer,
+as text}; never having met a chief, one line {"read": null, "answer": null}.
 """
 
 import encodings.idna  # noqa: F401 (loaded before the user changes)
@@ -42,8 +45,10 @@ def main(port, job, index, run, settings, model_dir, seconds):
                 print(json.dumps({"read": None, "answer": None}), flush=True)
                 return
             time.sleep(0.02)
+    sock.settimeout(max(10.0, deadline - time.monotonic()))  # a loaded machine: slow
     lines = sock.makefile("rb")
     challenge = json.loads(lines.readline())
+    print(json.dumps({"challenged": True}), flush=True)
     run, settings = json.loads(run), json.loads(settings)
     key = hashlib.sha256(_canonical([run, settings])).digest()
     read = "no secret file named"
@@ -79,6 +84,19 @@ def start(port, task, run, settings, model_dir, seconds=900):
     command = [sys.executable, os.path.abspath(__file__), str(port), task[0], str(task[1])]
     command += [json.dumps(run), json.dumps(settings), str(model_dir), str(seconds)]
     return subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def challenged(process):
+    """Waits until the forger (`start`) has the chief's challenge; it stops
+    by itself at its SECONDS when no chief comes (then an AssertionError)."""
+    line = b""  # read unbuffered: what follows is communicate()'s (`result`)
+    while not line.endswith(b"\n") and (byte := os.read(process.stdout.fileno(), 1)):
+        line += byte
+    if json.loads(line or b"{}").get("challenged"):
+        return
+    process.kill()
+    _, errors = process.communicate()
+    raise AssertionError(f"the forger met no chief: {line!r} {errors[-3000:]}")
 
 
 def result(process, timeout=900):

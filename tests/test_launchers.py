@@ -163,11 +163,16 @@ def tf_runs(tmp_path_factory):
     ports = free_ports(2)
     spec = {"chief": [f"localhost:{ports[0]}"], "worker": [f"localhost:{ports[1]}"]}
     # A stranger on the same host, knowing the port, the cluster and the
-    # settings, races worker 0 to the chief (issue 41, item 1).
+    # settings, says it is worker 0 to the chief before worker 0 comes (issue
+    # 41, item 1). Worker 0 starts once the stranger holds the chief's
+    # challenge: started together, worker 0 could finish the start first and
+    # the stranger meet TensorFlow's server at the port instead (CI, 2026-12-05).
     settings = shared_settings(Config(strategy="multi_worker", model_dir=str(root / "c")))
     stranger = forger.start(ports[0], ("worker", 0), {"cluster": spec}, settings, root / "c")
     chief = []
     for task, given in ((("chief", 0), "--cluster=auto"), (("worker", 0), "--cluster=tf_config")):
+        if task[0] == "worker":
+            forger.challenged(stranger)
         tf_config = {"cluster": spec, "task": {"type": task[0], "index": task[1]}}
         args = [*ONE_STEP, "--strategy=multi_worker", given, f"--model_dir={root / 'c'}"]
         chief.append(start(args, child_env(TF_CONFIG=json.dumps(tf_config))))
@@ -263,24 +268,29 @@ def test_jax_slurm_processes_step_as_one_device(tmp_path):
     port = 61440 + job % 4096
     settings = shared_settings(Config(backend="jax", model_dir=str(tmp_path / "slurm")))
     run = {"coordinator": f"localhost:{port}"}
-    stranger = forger.start(port, ("process", 1), run, settings, tmp_path / "slurm")
-    processes = [
-        start(
+    refused = jax_tests.refusal("data_parallel", 2)
+    # The stranger says it is process 1 before process 1 starts (see tf_runs).
+    stranger = (
+        None if refused else forger.start(port, ("process", 1), run, settings, tmp_path / "slurm")
+    )
+
+    def process(procid):
+        return start(
             [*jax_tests.TWO_STEPS, *distributed, f"--model_dir={tmp_path / 'slurm'}"],
             dict(jax_tests.jax_env(devices=1), **slurm_env(job, procid)),
         )
-        for procid in range(2)
-    ]
+
+    processes = [process(0)]
     one = start(
         [*jax_tests.TWO_STEPS, "--distribution=none", f"--model_dir={tmp_path / 'one'}"],
         jax_tests.jax_env(devices=1),
     )
+    if stranger:
+        forger.challenged(stranger)
+    processes.append(process(1))
     outcomes = finish([*processes, one])
     assert outcomes[2][0] == 0, outcomes[2][1][-3000:]
-    refused = jax_tests.refusal("data_parallel", 2)
     if refused:  # this Keras/jax: refused, nothing trained
-        stranger.kill()
-        stranger.wait()
         for status, output in outcomes[:2]:
             last = output.strip().splitlines()[-1]
             assert status == 1 and last == refused, output[-3000:]
