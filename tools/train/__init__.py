@@ -21,6 +21,7 @@ ends with the same result as an uninterrupted run.
     config.py        Config: every setting declared once (flags, config.json, docs)
     resolve.py       flag values -> Config: --recipe, the JAX processes' environment
     runtime.py       where it runs: TensorFlow strategy | JAX distribution (runtime_jax.py)
+    process_start.py what both runtimes' starts share: the shared settings, the watchdog
     cluster.py       --cluster: where the other workers are (TF_CONFIG, SLURM)
     length.py        RunLength: steps per epoch, in all, of the warmup
     build.py         model, optimizer, schedule, loss, metrics

@@ -40,8 +40,8 @@ from keras_lars.tools.settings import ConfigError
 from keras_lars.tools.train import cluster
 from keras_lars.tools.train.preemption import NoClusterPreemption
 from keras_lars.tools.train.preemption import Preempted
-from keras_lars.tools.train.runtime import bounded_start
-from keras_lars.tools.train.runtime import shared_settings
+from keras_lars.tools.train.process_start import bounded_start
+from keras_lars.tools.train.process_start import shared_settings
 
 
 class JaxRuntime:
