@@ -17,20 +17,20 @@ ends with the same result as an uninterrupted run.
 
 (also `python -m keras_lars.tools.train`). The rooms, in the order data flows:
 
-    cli.py           flags in; one line and an exit status out (0, 1, 75)
-    config.py        Config: every setting declared once (flags, config.json, docs)
-    resolve.py       flag values -> Config: --recipe, the JAX processes' environment
-    runtime.py       where it runs: TensorFlow strategy | JAX distribution (runtime_jax.py)
-    process_start.py what both runtimes' starts share: the shared settings, the watchdog
-    cluster.py       --cluster: where the other workers are (TF_CONFIG, SLURM)
-    length.py        RunLength: steps per epoch, in all, of the warmup
-    build.py         model, optimizer, schedule, loss, metrics
-    feed.py          the training stream and evaluation set as the runtime wants them
-    loop.py          Run (what the rooms share), fit, rollback on divergence
-    callbacks.py     step counter, dropout reseeding, throughput, progress, logs
-    checkpointing.py checkpoints at epoch ends, on request and on preemption
-    preemption.py    signals, exit 75, lost peers
-    model_dir.py     config.json, checkpoint names, summary.json, the lock
+    cli.py                 flags in; one line and an exit status out (0, 1, 75)
+    config.py              Config: every setting declared once (flags, config.json, docs)
+    resolve.py             flag values -> Config: --recipe, the JAX processes' environment
+    runtime.py             where it runs: TensorFlow strategy | JAX distribution (runtime_jax.py)
+    process_start.py       what both runtimes' starts share: the shared settings, the watchdog
+    cluster.py             --cluster: where the other workers are (TF_CONFIG, SLURM)
+    length.py              RunLength: steps per epoch, in all, of the warmup
+    build.py               model, optimizer, schedule, loss, metrics
+    feed.py                the training stream and evaluation set as the runtime wants them
+    loop.py                Run (what the rooms share), fit, rollback on divergence
+    run_callbacks.py       step counter, dropout reseeding, throughput, progress, logs
+    checkpoint_callback.py checkpoints at epoch ends, on request and on preemption
+    preemption.py          signals, exit 75, lost peers
+    model_dir.py           config.json, checkpoint names, summary.json, the lock
 
 Importing this package has no side effects and imports no TensorFlow: the
 names below load their module on first use.

@@ -20,11 +20,11 @@ from keras_lars.tools import input_pipeline
 from keras_lars.tools import storage
 from keras_lars.tools.settings import ConfigError
 from keras_lars.tools.train import build
-from keras_lars.tools.train import callbacks
 from keras_lars.tools.train import feed
 from keras_lars.tools.train import model_dir
+from keras_lars.tools.train import run_callbacks
 from keras_lars.tools.train import target
-from keras_lars.tools.train.checkpointing import Checkpointing
+from keras_lars.tools.train.checkpoint_callback import Checkpointing
 from keras_lars.tools.train.config import PRECISIONS
 from keras_lars.tools.train.length import run_length
 from keras_lars.tools.train.preemption import Preempted
@@ -272,25 +272,27 @@ class FedPhase:
 def make_callbacks(run, schedule, state):
     """The fit's callbacks, in the order Keras calls them."""
     config = run.config
-    counter = callbacks.StepCounter(run.length, (state["epochs_done"], state.get("steps_done", 0)))
-    throughput = callbacks.Throughput(counter, config.global_batch_size, run.rates)
+    counter = run_callbacks.StepCounter(
+        run.length, (state["epochs_done"], state.get("steps_done", 0))
+    )
+    throughput = run_callbacks.Throughput(counter, config.global_batch_size, run.rates)
     evaluations = target.Evaluations(run, state, counter, throughput)
     if run.length.phases:  # the batch of each epoch's phase
         throughput.batch_of_epoch = lambda epoch: run.length.phase_of(epoch).global_batch_size
     found = [
         counter,
-        callbacks.ReseedDropout(counter, state.get("seed_generators", {})),
+        run_callbacks.ReseedDropout(counter, state.get("seed_generators", {})),
         throughput,
-        callbacks.ProgressLine(counter, config.log_every_seconds),
-        callbacks.LearningRateLog(counter, schedule),
+        run_callbacks.ProgressLine(counter, config.log_every_seconds),
+        run_callbacks.LearningRateLog(counter, schedule),
         *([keras_lars.NoiseScaleMonitor()] if config.noise_scale else []),  # into the logs
-        *([callbacks.BatchLog(run.length, config.image_size)] if run.length.phases else []),
+        *([run_callbacks.BatchLog(run.length, config.image_size)] if run.length.phases else []),
         evaluations,  # before Checkpointing, which saves the target it finds
         Checkpointing(run, state, counter, throughput),
-        callbacks.ProgressBar(run.length),
+        run_callbacks.ProgressBar(run.length),
     ]
     if config.stop_on_divergence:  # first: it raises before any checkpoint of the epoch
         found.insert(0, keras_lars.DivergenceGuard())
     if keras_lars.distribute.is_chief(run.runtime.strategy):  # only the chief writes logs
-        found += callbacks.log_writers(config)
+        found += run_callbacks.log_writers(config)
     return found

@@ -16,8 +16,8 @@ import keras
 
 from keras_lars.tools import checkpoints
 from keras_lars.tools import storage
-from keras_lars.tools.train import callbacks
 from keras_lars.tools.train import model_dir
+from keras_lars.tools.train import run_callbacks
 from keras_lars.tools.train.preemption import Preempted
 from keras_lars.tools.train.target import TargetReached
 
@@ -100,7 +100,7 @@ class Checkpointing(keras.callbacks.Callback):
 
     def _save(self, epochs_done, steps_done):
         state = dict(self.state, epochs_done=epochs_done, steps_done=steps_done)
-        state["seed_generators"] = callbacks.seed_generator_states(self.model)
+        state["seed_generators"] = run_callbacks.seed_generator_states(self.model)
         strategy = self.run.runtime.strategy
         state[model_dir.SETTINGS] = self.run.record
         state[model_dir.LAYOUT] = model_dir.layout(strategy)

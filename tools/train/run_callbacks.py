@@ -10,7 +10,7 @@
     ProgressBar         Keras's bar, sized to each epoch's planned steps
     log_writers         TensorBoard and the trust ratios (the chief's)
 
-Checkpointing (checkpointing.py) uses StepCounter and Throughput.
+Checkpointing (checkpoint_callback.py) uses StepCounter and Throughput.
 """
 
 import importlib.util
