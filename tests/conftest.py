@@ -1,45 +1,20 @@
-"""Test-session setup: quiet TensorFlow, two logical CPU devices, and the test tiers.
+"""Test-session setup: quiet TensorFlow, two logical CPU devices, and the hooks
+of the test tiers.
 
 Two logical CPUs let MirroredStrategy tests run two replicas on one machine;
 they must be configured before TensorFlow initialises its devices.
 
-Tiers (CONTRIBUTING.md, "Tests"): `pytest -m "not slow"` is what a developer
-runs between edits. `slow` is never written on a test by hand: collection
-(pytest_collection_modifyitems below) sets it on
-
-- every test that starts a process: one marked `subprocess` or `multiworker`,
-  or one that reaches a process-starting call (PROCESS_STARTERS: the
-  subprocess and multiprocessing modules, os's fork/exec/spawn/system, and
-  the library functions in _LIBRARY_STARTERS) from its own code or its
-  fixtures', directly or through the functions and classes of tests/ they
-  use (read from their bytecode). Such a test also gets `subprocess`.
-- every test that reaches a whole training run in this process the same way
-  (_LIBRARY_TRAINING: the tool's train_and_evaluate, the batch study), other
-  than through train_data.short_run (two steps of a small model).
-
-A guard checks the split on every test not marked slow, whatever `-m` says:
-a process start fails the test (the call raises, and the test fails even if
-something caught that), and so does training more than FAST_WORK
-parameter-steps through Model.fit and train_on_batch. The failure says what
-to do, so a misclassified test cannot hide. `pytest --collect-only -q -m slow`
-lists the slow tests; the reason of each is in its user_properties (junitxml).
+The tiers (CONTRIBUTING.md, "Tests": which tests are `slow`, the guard of the
+fast tier, what CI's oldest-pair stage leaves out, xdist's units of work) are
+tests/tiers.py; the hooks below call it.
 """
 
 import atexit
-import builtins
-import dis
-import importlib
-import importlib.metadata
 import importlib.util
-import inspect
-import multiprocessing
-import multiprocessing.process
 import os
 import shutil
-import subprocess
 import sys
 import tempfile
-import types
 
 import pytest
 
@@ -47,11 +22,9 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 os.environ.setdefault("KERAS_BACKEND", "tensorflow")
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-TESTS = os.path.join(ROOT, "tests")
 if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
 
-import keras
 import tensorflow as tf
 
 _cpus = tf.config.list_physical_devices("CPU")
@@ -81,512 +54,36 @@ requires_jax = pytest.mark.skipif(
     "(the `jax` extra), so that the resolver picks a jax that fits it",
 )
 
-
-# --- test tiers ---------------------------------------------------------------------
-# The training a fast test may do in this process, through Model.fit and
-# train_on_batch: optimizer steps times the model's parameters, summed. A
-# tiny model may take many steps; ResNet-18 (11.2M parameters) about 20.
-FAST_WORK = 250_000_000
-
-# Library functions that start processes (module, name). The subprocess and
-# multiprocessing modules and os's process functions are found wherever a
-# test reaches them; library code is not read, so its starters are listed.
-_LIBRARY_STARTERS = (
-    ("keras_lars.tools.benchmark_allreduce", "measure"),
-    ("keras_lars.tools.benchmark_optimizers", "measure_jax"),
-    ("keras_lars.tools.benchmark_optimizers", "main"),
-    ("keras_lars.tools.plan.hlo_bytes", "compile_cases"),
-    ("keras_lars.tools.train.runtime", "bounded_start"),  # its watchdog process
-    ("keras_lars.tools.train.runtime_jax", "start_processes"),  # through bounded_start
-)
-# Library functions that train a whole run (or several) in this process.
-_LIBRARY_TRAINING = (
-    ("keras_lars.tools.train", "train_and_evaluate"),
-    ("keras_lars.tools.batch_study", "run_study"),
-    ("keras_lars.tools.batch_study", "run_cell"),
-    ("keras_lars.tools.batch_study", "run_target_study"),
-)
-# tests/ helpers that train a run cut to a few steps (the guard checks that):
-# a test that reaches _LIBRARY_TRAINING through them only stays fast.
-_SHORT_TRAINING = (("tests.train_data", "short_run"),)
-_OS_STARTERS = (
-    *("fork", "forkpty", "system", "popen", "posix_spawn", "posix_spawnp"),
-    *("execv", "execve", "execvp", "execvpe", "execl", "execle", "execlp", "execlpe"),
-    *("spawnv", "spawnve", "spawnvp", "spawnvpe", "spawnl", "spawnle", "spawnlp", "spawnlpe"),
-)
-
-
-def _library(pairs):
-    found = []
-    for module, name in pairs:
-        try:
-            found.append(getattr(importlib.import_module(module), name))
-        except (ImportError, AttributeError) as error:
-            raise ImportError(
-                f"tests/conftest.py lists {module}.{name}, which is gone ({error}): "
-                "update the list, or the test tiers go wrong"
-            ) from None
-    return found
-
-
-PROCESS_STARTERS = [subprocess, multiprocessing]
-PROCESS_STARTERS += [getattr(os, name) for name in _OS_STARTERS if hasattr(os, name)]
-PROCESS_STARTERS += _library(_LIBRARY_STARTERS)
-LONG_TRAINING = _library(_LIBRARY_TRAINING)
-SHORT_TRAINING = _library(_SHORT_TRAINING)
-_LOADS = ("LOAD_GLOBAL", "LOAD_NAME")
-_ATTRIBUTES = ("LOAD_ATTR", "LOAD_METHOD")
-
-
-def _in_tests(obj):
-    """Whether `obj` (a function or class) is defined in tests/."""
-    if isinstance(obj, type):
-        path = getattr(sys.modules.get(obj.__module__), "__file__", None) or ""
-    else:
-        path = getattr(getattr(obj, "__code__", None), "co_filename", "")
-    return os.path.abspath(path).startswith(TESTS + os.sep)
-
-
-def _codes(code):
-    yield code
-    for const in code.co_consts:
-        if isinstance(const, types.CodeType):
-            yield from _codes(const)
-
-
-def _references(function):
-    """The objects that `function`'s code (nested functions included) names:
-    globals, their attributes (`module.name`) and modules it imports."""
-    function = inspect.unwrap(function)
-    code = getattr(function, "__code__", None)
-    if code is None:
-        return
-    namespace = function.__globals__
-    for part in _codes(code):
-        current, importing, imported = None, None, {}  # imported: local name -> its object
-        for instruction in dis.get_instructions(part):
-            if instruction.opname in _LOADS:
-                name = instruction.argval
-                current = namespace.get(name, getattr(builtins, name, None))
-            elif instruction.opname.startswith("LOAD_FAST"):
-                current = imported.get(instruction.argval)
-            elif instruction.opname == "IMPORT_FROM" and importing is not None:
-                # `from package import module, name` in a function
-                name = f"{importing.__name__}.{instruction.argval}"
-                current = sys.modules.get(name) or getattr(importing, instruction.argval, None)
-            elif instruction.opname == "STORE_FAST" and current is not None:
-                imported[instruction.argval] = current
-                current = None
-                continue
-            elif instruction.opname in _ATTRIBUTES and isinstance(
-                current, (types.ModuleType, type)
-            ):
-                try:  # a module's or class's attribute: `subprocess.run`, `train.main`
-                    current = getattr(current, instruction.argval, None)
-                except Exception:  # a lazy attribute that does not load: not a target
-                    current = None
-            elif instruction.opname in _ATTRIBUTES:
-                current = None  # an instance's attribute: not followed
-            elif instruction.opname == "IMPORT_NAME":
-                current = importing = sys.modules.get(instruction.argval)
-            else:
-                current = None
-                continue
-            if current is not None:
-                yield current
-
-
-class _Reach:
-    """Whether code reaches one of `targets`, reading tests/ functions and
-    classes on the way (memoized) but not `opaque` ones."""
-
-    def __init__(self, targets, opaque=()):
-        self.targets = {id(target) for target in targets}
-        self.opaque = {id(helper) for helper in opaque}
-        self.known = {}
-
-    def find(self, obj):
-        """The names on a path from `obj` to a target, or None."""
-        key = id(obj)
-        if key not in self.known:
-            self.known[key] = None  # a cycle adds nothing
-            self.known[key] = self._search(obj)
-        return self.known[key]
-
-    def _search(self, obj):
-        if isinstance(obj, type):
-            children = []
-            for member in vars(obj).values():
-                member = member.fget if isinstance(member, property) else member
-                children.append(getattr(member, "__func__", member))
-        else:
-            children = []
-            for reference in _references(obj):
-                if id(reference) in self.targets:
-                    return [_name(obj), _name(reference)]
-                children.append(reference)
-        for child in children:
-            readable = inspect.isfunction(child) or isinstance(child, type)
-            if readable and id(child) not in self.opaque and _in_tests(child):
-                path = self.find(child)
-                if path:
-                    return [_name(obj), *path]
-        return None
-
-
-def _name(obj):
-    return getattr(obj, "__qualname__", None) or getattr(obj, "__name__", repr(obj))
-
-
-def _fixture_functions(item):
-    info = getattr(item, "_fixtureinfo", None)
-    for name in getattr(info, "names_closure", ()):
-        for definition in info.name2fixturedefs.get(name, ()):
-            if _in_tests(definition.func):
-                yield definition.func
-
-
-def _why_slow(item):
-    """Why `item` is slow ("starts a process: ..."), or None."""
-    for marker in ("subprocess", "multiworker"):
-        if item.get_closest_marker(marker):
-            return f"marked {marker}"
-    function = getattr(item, "function", None)
-    sources = ([function] if function else []) + list(_fixture_functions(item))
-    for reach, what in ((_PROCESSES, "starts a process"), (_TRAINING, "trains a run")):
-        for source in sources:
-            path = reach.find(source)
-            if path:
-                return f"{what}: {' -> '.join(path)}"
-    return None
-
-
-# Modules that exercise no version-dependent path: no TensorFlow/Keras/JAX
-# behaviour that differs between the supported pairs, no compat workaround, no
-# JAX road, multi-worker or preemption code of their own. They carry the
-# `version_independent` marker; CI's oldest-pair stage leaves them out (noxfile's
-# `oldest_ci`: -m "not version_independent") to keep CI within 45 minutes,
-# while `nox -s matrix` runs them on every pair. Why each is independent:
-VERSION_INDEPENDENT = {
-    "test_rendezvous.py": "the hello protocol is sockets and JSON before TensorFlow or JAX "
-    "start; the real multi-worker runs of test_launchers, test_train and "
-    "test_elastic_resume cross it on every pair",
-    "test_batch_study.py": "the study's cells, store, tables and plots over the training "
-    "tool, whose paths test_train and test_batch_schedule_tool run on every pair",
-    "test_batch_study_target.py": "the steps-to-target search, fit and tables over the "
-    "training tool, whose --target_accuracy path test_train_target runs on every pair",
-    "test_plan.py": "the planner's arithmetic (Python and numpy)",
-    "test_plan_device.py": "the planner's device model and memory arithmetic",
-    "test_plan_pipeline.py": "the planner's pipeline arithmetic",
-    "test_plan_records.py": "the planner's records and their sources",
-    "test_plan_schedule.py": "the planner's phased-plan arithmetic",
-    "test_docs.py": "the docs' links, examples and generated pages",
-    "test_site.py": "the API reference's pages against __all__ (source read, not run)",
-    "test_doc_examples.py": "README's and the guides' examples, checked once; each "
-    "behaviour they show has its own test on every pair",
-    "test_tiers.py": "the test tiers' own machinery",
-}
-
-
-# Tests that CI's oldest-pair stage also leaves out (marker `newest_only_in_ci`)
-# because CI, with both suites, ran past 50 minutes (and past 90 on 2026-12-02):
-# single-process runs whose version-dependent parts other tests run there. None
-# is a compat, JAX, multi-worker or preemption test (test_tiers checks the names);
-# `nox -s matrix` runs them on every pair.
-_SETTINGS_RECORD = (
-    "the record of a run's settings in its checkpoints' JSON (the tool's own bookkeeping, "
-    "one short run shared by three tests); the oldest pair resumes checkpoints in test_train's "
-    "kill and SIGTERM reruns and refuses other settings in test_train's leftovers test"
-)
-_LAUNCHES = (
-    "one of test_train's LAUNCHES (six single-process runs in one fixture: divergence, its "
-    "rollbacks, throughput, a failed checkpoint write, --help), the tool's bookkeeping over "
-    "Keras's fit and weights files, whose version-dependent parts the oldest pair runs in "
-    "test_train's kill and SIGTERM reruns (checkpoints written, read and resumed) and "
-    "test_callbacks (Keras's callbacks); ~250 s of the oldest stage on 2026-12-04"
-)
-NEWEST_ONLY_IN_CI = {
-    "test_train.py::test_divergence_stops_with_one_error_line_and_checkpoints_nothing": _LAUNCHES,
-    "test_train.py::test_divergence_rollback_lowers_the_rate_and_a_resume_keeps_it": _LAUNCHES,
-    "test_train.py::test_divergence_after_the_last_rollback_is_an_error": _LAUNCHES,
-    "test_train.py::test_a_failed_checkpoint_write_is_one_line_and_leaves_no_file": _LAUNCHES,
-    "test_train.py::test_images_per_second_with_one_execution_per_epoch": _LAUNCHES,
-    "test_train.py::test_help_lists_every_setting": _LAUNCHES,
-    "test_bad_input.py::test_a_deleted_config_json_still_refuses_other_settings_naming_them": (
-        _SETTINGS_RECORD
-    ),
-    "test_bad_input.py::test_a_resumable_change_without_config_json_resumes_and_writes_it_again": (
-        _SETTINGS_RECORD
-    ),
-    "test_bad_input.py::test_a_checkpoint_without_the_record_resumes_as_before_saying_so": (
-        _SETTINGS_RECORD
-    ),
-    "test_bad_input.py::test_a_resumed_run_reports_its_own_throughput_not_the_checkpoints": "the "
-    "throughput bookkeeping of a resumed run (Python over the epochs' history); resuming runs "
-    "on the oldest pair in test_train's kill and SIGTERM reruns",
-    "test_train.py::test_default_run_writes_checkpoints_logs_and_summary": "the quick "
-    "start's job cut to 2 of its 15 epochs (the wheel stage runs it again from the built "
-    "wheel); the oldest pair trains the same code in test_train's short runs",
-    "test_train.py::test_bad_input_is_one_line_naming_the_flag_or_file": "seven tool "
-    "starts, one for each way an error reaches the command line, into the quick start's "
-    "finished run; the oldest pair checks every case's message in this process "
-    "(test_each_bad_input_is_an_error_naming_the_flag_or_file), and real tool processes' "
-    "one error line in test_fashion_mnist, test_launchers and test_elastic_resume",
-    "test_train.py::test_each_model_family_trains_on_generated_tfrecords": "every model builds "
-    "on the oldest pair in test_models, and ResNet-18 and AlexNet-BN train on records "
-    "there in test_train's resume and schedule tests",
-}
-
-
-# With `-n 2 --dist loadgroup` (README's test command, noxfile's suite sessions)
-# each module is one unit of work, as with loadfile, but for the tests that run
-# several TensorFlow/JAX processes at once: the tests marked `multiworker`, and
-# those of SEVERAL_PROCESSES (every test of a module named with None, else the
-# tests that use one of the fixtures named), form one unit, "several_processes",
-# so that two of them never run side by side. Side by side on 2 cores, 4 to 6
-# processes passed their per-child limits (CI, 2026-12-02: the bfloat16 and
-# elastic-resume runs). That unit is the longest of both CI stages, so it goes
-# first, then the modules of LONGEST_MODULES, then the others, so that short
-# units fill in at the end: collection puts the tests in that order, and xdist
-# hands out the units in it (pytest_configure turns off xdist's reordering of
-# units by their number of tests, which queued the unit seventh and test_train
-# third from last, leaving one worker idle for its ~15 minutes).
-SEVERAL_PROCESSES = {
-    "test_train_jax.py": {"runs"},  # 2-process runs, two at a time
-    "test_elastic_resume.py": None,
-    "test_launchers.py": None,
-}
-
-
-# Test time outside the several-process unit, 2026-12-03 (s, `-n 2`): test_train
-# 1,388, test_batch_study 763, test_bad_input 460, test_batch_schedule_tool 306,
-# test_plan_hlo 216, test_signals 171; the next, test_train_jax, 134.
-LONGEST_MODULES = (
-    "test_train.py",
-    "test_batch_study.py",
-    "test_bad_input.py",
-    "test_batch_schedule_tool.py",
-    "test_plan_hlo.py",
-    "test_signals.py",
-)
-
-
-def _order(item):
-    """Where `item`'s unit of work goes in the queue (see SEVERAL_PROCESSES)."""
-    unit = _work_unit(item)
-    if unit == "several_processes":
-        return -1
-    return LONGEST_MODULES.index(unit) if unit in LONGEST_MODULES else len(LONGEST_MODULES)
-
-
-def _work_unit(item):
-    """The xdist group of `item` (see SEVERAL_PROCESSES)."""
-    module = os.path.basename(str(item.fspath))
-    several = item.get_closest_marker("multiworker") is not None
-    if module in SEVERAL_PROCESSES:
-        fixtures = SEVERAL_PROCESSES[module]
-        several = several or fixtures is None or bool(fixtures & set(item.fixturenames))
-    return "several_processes" if several else module
+from tests import tiers  # after the setup above: it imports the tools
 
 
 def pytest_configure(config):
-    if getattr(config.option, "loadscopereorder", None):  # xdist's --dist loadgroup/loadscope
-        config.option.loadscopereorder = False  # units in collection order (see above)
+    tiers.unordered_units(config)
 
 
 @pytest.hookimpl(tryfirst=True)  # before -m deselects, and before xdist reads the groups
 def pytest_collection_modifyitems(config, items):
-    for item in items:
-        item.add_marker(pytest.mark.xdist_group(_work_unit(item)))
-        independent = VERSION_INDEPENDENT.get(os.path.basename(str(item.fspath)))
-        if independent:
-            item.add_marker(pytest.mark.version_independent)
-            item.user_properties.append(("version_independent", independent))
-        newest_only = NEWEST_ONLY_IN_CI.get(f"{os.path.basename(str(item.fspath))}::{item.name}")
-        if newest_only:
-            item.add_marker(pytest.mark.newest_only_in_ci)
-            item.user_properties.append(("newest_only_in_ci", newest_only))
-        if _on_jax_road(item):  # noxfile.py's JAX road column reads it from the report
-            item.user_properties.append(("jax_road", "runs Keras's JAX backend"))
-        why = _why_slow(item)
-        if why:
-            item.add_marker(pytest.mark.slow)
-            item.user_properties.append(("slow", why))
-            if why.startswith("starts a process") and not item.get_closest_marker("subprocess"):
-                item.add_marker(pytest.mark.subprocess)
-    items.sort(key=_order)  # stable: each unit's tests keep their order
+    tiers.classify(items, requires_jax)
 
 
 @pytest.hookimpl(optionalhook=True)  # xdist's, on the controller
 def pytest_xdist_node_collection_finished(node, ids):
     """Under `--dist loadgroup`, stop unless xdist put each test in its unit:
-    see ungrouped."""
+    see tiers.ungrouped."""
     if node.config.getoption("dist") == "loadgroup":
-        line = ungrouped(ids)
+        line = tiers.ungrouped(ids)
         if line:
             pytest.exit(line, returncode=pytest.ExitCode.USAGE_ERROR)
 
 
-def ungrouped(node_ids):
-    """None where every node id ends in its xdist group (`id@group`, as
-    xdist's loadgroup writes it; every test here has one), else one line.
-    pytest 9.2 builds node ids from a structured id that xdist 3.8's
-    loadgroup does not write (it sets the old `_nodeid`): no suffix, every
-    test its own unit, and the several-process tests ran side by side
-    (pytest-xdist#1386; setup.cfg's test extra keeps pytest below 9.2)."""
-    for node_id in node_ids:
-        if node_id.rfind("@") <= node_id.rfind("]"):  # xdist's own reading
-            return (
-                f"--dist loadgroup: {node_id} carries no @group: pytest-xdist "
-                f"{importlib.metadata.version('pytest-xdist')} does not group tests on "
-                f"pytest {pytest.__version__} (pytest-xdist#1386): install pytest<9.2"
-            )
-    return None
-
-
-def _on_jax_road(item):
-    """Whether `item` runs Keras's JAX backend: it needs jax (requires_jax) or
-    its id names jax (the benchmarks' and JAX tests' cases)."""
-    needs_jax = any(mark.kwargs == requires_jax.kwargs for mark in item.iter_markers("skipif"))
-    return needs_jax or "jax" in item.nodeid.lower()
-
-
-_INHERITED = object()
-
-
-class ProcessInFastTest(RuntimeError):
-    """Raised by a process-starting call in a test not marked slow."""
-
-
-class _Guard:
-    """While installed: starting a process raises ProcessInFastTest, and the
-    training through Model.fit and train_on_batch is counted."""
-
-    def __init__(self, item):
-        self.item = item
-        self.started = []
-        self.steps = self.work = 0
-        self.undo = []
-
-    def _patch(self, owner, name, replacement):
-        self.undo.append((owner, name, vars(owner).get(name, _INHERITED)))
-        setattr(owner, name, replacement)
-
-    def _refuse(self, what):
-        def refuse(*args, **kwargs):
-            self.started.append(what)
-            raise ProcessInFastTest(self.problems()[0])
-
-        return refuse
-
-    def _count(self, model, steps):
-        if steps > 0:
-            self.steps += steps
-            self.work += steps * _parameters(model)
-
-    def install(self):
-        self._patch(subprocess.Popen, "_execute_child", self._refuse("subprocess.Popen"))
-        self._patch(multiprocessing.process.BaseProcess, "start", self._refuse("multiprocessing"))
-        for name in _OS_STARTERS:
-            if hasattr(os, name):
-                self._patch(os, name, self._refuse(f"os.{name}"))
-        fit, train_on_batch = keras.Model.fit, keras.Model.train_on_batch
-        count = self._count
-
-        def counted_fit(model, *args, **kwargs):
-            before = _iterations(model)
-            try:
-                return fit(model, *args, **kwargs)
-            finally:
-                count(model, _iterations(model) - before)
-
-        def counted_train_on_batch(model, *args, **kwargs):
-            try:
-                return train_on_batch(model, *args, **kwargs)
-            finally:
-                count(model, 1)
-
-        self._patch(keras.Model, "fit", counted_fit)
-        self._patch(keras.Model, "train_on_batch", counted_train_on_batch)
-
-    def uninstall(self):
-        while self.undo:
-            owner, name, value = self.undo.pop()
-            if value is _INHERITED:
-                delattr(owner, name)
-            else:
-                setattr(owner, name, value)
-
-    def problems(self):
-        found = []
-        node = self.item.nodeid
-        if self.started:
-            found.append(
-                f"{node} starts a process ({self.started[0]}) but is not marked slow: it must be "
-                "marked slow. tests/conftest.py marks a test slow when its code, its fixtures or "
-                "the tests/ helpers they use reach a process-starting call: add the library "
-                "function that started it to _LIBRARY_STARTERS there."
-            )
-        if self.work > FAST_WORK:
-            found.append(
-                f"{node} trains {self.steps} steps, {self.work:.2g} parameter-steps "
-                f"(> FAST_WORK={FAST_WORK:.2g}), but is not marked slow: it must be marked slow "
-                "(add the library function that trains to _LIBRARY_TRAINING in "
-                "tests/conftest.py) or train fewer steps."
-            )
-        return found
-
-
-# The guard is not test code: a test that checks it does not start a process.
-_PROCESSES = _Reach(PROCESS_STARTERS, opaque=[_Guard])
-_TRAINING = _Reach(LONG_TRAINING, opaque=SHORT_TRAINING)
-
-
-def _iterations(model):
-    try:
-        return int(keras.ops.convert_to_numpy(model.optimizer.iterations))
-    except Exception:  # not compiled, or not readable here: nothing counted
-        return 0
-
-
-def _parameters(model):
-    try:
-        return model.count_params()
-    except Exception:  # not built
-        return 0
-
-
-_GUARD = pytest.StashKey()
-
-
-def _guarded(item):
-    """Runs a test phase under the guard unless the test is slow."""
-    if item.get_closest_marker("slow"):
-        return (yield)
-    guard = item.stash.setdefault(_GUARD, _Guard(item))
-    guard.install()
-    try:
-        result = yield
-    except Exception:
-        if not guard.problems():
-            raise
-        result = None  # replaced by the guard's failure, which says why
-    finally:
-        guard.uninstall()
-    problems = guard.problems()
-    if problems:
-        pytest.fail("\n".join(problems), pytrace=False)
-    return result
-
-
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_setup(item):
-    return (yield from _guarded(item))
+    return (yield from tiers.guarded(item))
 
 
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_call(item):
-    return (yield from _guarded(item))
+    return (yield from tiers.guarded(item))
 
 
 @pytest.fixture(autouse=True)

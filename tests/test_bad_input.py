@@ -12,8 +12,8 @@ from keras_lars.tools import train
 from keras_lars.tools.train import model_dir as train_model_dir
 from tests import train_data
 from tests.test_distribute import _all_reduced
-from tests.test_train import fingerprint
-from tests.test_train import run_tool
+from tests.train_tool import fingerprint
+from tests.train_tool import run_tool
 
 DIGITS = input_pipeline.DatasetInfo("digits", 1438, 359, 10)
 

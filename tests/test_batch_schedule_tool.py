@@ -25,10 +25,10 @@ from keras_lars.tools.train import runtime as train_runtime
 from keras_lars.tools.train.length import PhaseLength
 from keras_lars.tools.train.length import run_length
 from tests import train_data
-from tests.test_train import TIMEOUT
-from tests.test_train import assert_same_weights
-from tests.test_train import run_tool
-from tests.test_train import start_tool
+from tests.train_tool import TIMEOUT
+from tests.train_tool import assert_same_weights
+from tests.train_tool import run_tool
+from tests.train_tool import start_tool
 
 DIGITS_TRAIN = 1438  # the digits' training examples (the held-out fifth aside)
 

@@ -1,6 +1,6 @@
 """Elastic resume (issue 23, item 4): a run checkpointed on 2 workers resumes
 on 1 process with the same global batch, and the reverse, with real processes
-on localhost (--strategy=multi_worker, TF_CONFIG as in tests/test_train.py).
+on localhost (--strategy=multi_worker, TF_CONFIG as in tests/test_train_cluster.py).
 The same runs carry a batch change (--batch_schedule): 2 workers with it
 equal one process with it (issue 25), and the resume is inside its second
 phase.
@@ -32,11 +32,11 @@ from keras_lars.tools import train
 from keras_lars.tools.benchmark_allreduce import free_ports
 from keras_lars.tools.train import model_dir as train_model_dir
 from tests.processes import finish as processes_finish
-from tests.test_train import ROOT
-from tests.test_train import TIMEOUT
-from tests.test_train import fingerprint
-from tests.test_train import h5_arrays
-from tests.test_train import tool_command
+from tests.train_tool import ROOT
+from tests.train_tool import TIMEOUT
+from tests.train_tool import fingerprint
+from tests.train_tool import h5_arrays
+from tests.train_tool import tool_command
 
 # The first 320 digits at 8x8: 5 steps of 64 (epoch 1), then 2 of 128 (epoch
 # 2); a constant rate (LARS at 0.1: at 1.0 its trust ratio amplifies rounding

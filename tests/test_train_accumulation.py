@@ -17,11 +17,11 @@ import pytest
 
 from keras_lars.tools import checkpoints
 from keras_lars.tools import train
-from tests.test_train import TIMEOUT
-from tests.test_train import assert_same_weights
-from tests.test_train import h5_arrays
-from tests.test_train import run_tool
-from tests.test_train import start_tool
+from tests.train_tool import TIMEOUT
+from tests.train_tool import assert_same_weights
+from tests.train_tool import h5_arrays
+from tests.train_tool import run_tool
+from tests.train_tool import start_tool
 
 RUN = dict(
     model="simple_cnn",

@@ -28,13 +28,13 @@ from keras_lars.tools.benchmark_allreduce import free_ports
 from keras_lars.tools.settings import ConfigError
 from tests.conftest import requires_jax
 from tests.processes import CHILD_TIMEOUT
-from tests.test_train import ROOT
-from tests.test_train import assert_same_weights
-from tests.test_train import example
-from tests.test_train import h5_arrays
-from tests.test_train import jpeg_bytes
-from tests.test_train import tool_command
-from tests.test_train import write_records
+from tests.train_tool import ROOT
+from tests.train_tool import assert_same_weights
+from tests.train_tool import example
+from tests.train_tool import h5_arrays
+from tests.train_tool import jpeg_bytes
+from tests.train_tool import tool_command
+from tests.train_tool import write_records
 
 # The tests that start the tool get `subprocess` and `slow` from tests/conftest.py.
 pytestmark = [requires_jax]

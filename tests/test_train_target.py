@@ -10,8 +10,8 @@ import pytest
 
 from keras_lars.tools import checkpoints
 from keras_lars.tools import train
-from tests.test_train import assert_same_weights
-from tests.test_train import fingerprint
+from tests.train_tool import assert_same_weights
+from tests.train_tool import fingerprint
 
 RUN = dict(
     model="simple_cnn",
