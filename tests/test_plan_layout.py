@@ -17,10 +17,10 @@ import keras
 import pytest
 
 from keras_lars import _internals
+from keras_lars.tools import layout_file
 from keras_lars.tools import train
 from keras_lars.tools.plan import cli
 from keras_lars.tools.plan import hlo_bytes
-from keras_lars.tools.plan import layout_file
 from keras_lars.tools.settings import ConfigError
 from tests.conftest import requires_jax
 from tests.test_train_jax import TWO_STEPS

@@ -35,7 +35,7 @@ import tensorflow as tf
 
 from keras_lars import _internals
 from keras_lars import rendezvous
-from keras_lars.tools.plan import layout_file
+from keras_lars.tools import layout_file
 from keras_lars.tools.settings import ConfigError
 from keras_lars.tools.train import cluster
 from keras_lars.tools.train.preemption import NoClusterPreemption
