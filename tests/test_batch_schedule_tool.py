@@ -128,7 +128,7 @@ def test_a_phase_batch_beyond_the_training_set_is_refused():
 def test_a_phase_batch_that_does_not_divide_among_replicas_is_refused(monkeypatch, tmp_path):
     monkeypatch.setattr(
         train_runtime,
-        "make_strategy",
+        "strategy_of_flags",
         lambda config: keras_lars.make_strategy("mirrored", devices=["/cpu:0", "/cpu:1"]),
     )
     before = os.listdir(tmp_path)

@@ -101,7 +101,7 @@ def test_sgd_is_momentum_sgd_with_coupled_weight_decay():
 def test_global_batch_must_divide_between_replicas(monkeypatch, tmp_path):
     monkeypatch.setattr(
         train_runtime,
-        "make_strategy",
+        "strategy_of_flags",
         lambda config: keras_lars.make_strategy("mirrored", devices=["/cpu:0", "/cpu:1"]),
     )
     before = os.listdir(tmp_path)
@@ -131,7 +131,7 @@ class WeightSum(keras.metrics.Metric):
 def test_two_replicas_train_and_evaluate_padded_batches(monkeypatch, records, tmp_path):
     monkeypatch.setattr(
         train_runtime,
-        "make_strategy",
+        "strategy_of_flags",
         lambda config: keras_lars.make_strategy("mirrored", devices=["/cpu:0", "/cpu:1"]),
     )
     metrics = train.metrics

@@ -54,9 +54,9 @@ class TensorFlowRuntime:
             _wait_for_workers(self.config, preemption)
         if self.config.strategy == "multi_worker":
             with bounded_start(self.config, "TensorFlow", "workers", "a worker"):
-                self.strategy = make_strategy(self.config)
+                self.strategy = strategy_of_flags(self.config)
         else:
-            self.strategy = make_strategy(self.config)
+            self.strategy = strategy_of_flags(self.config)
         self.description = f"{self.strategy.num_replicas_in_sync} replicas"
 
     def place(self, variable_shapes):
@@ -119,8 +119,9 @@ def _wait_for_workers(config, preemption):
         raise ConfigError(f"--strategy=multi_worker: {error}") from None
 
 
-def make_strategy(config):
-    """The strategy of --strategy, with the compat workarounds this run needs."""
+def strategy_of_flags(config):
+    """The strategy of --strategy (and --tpu), built by keras_lars.make_strategy,
+    with the compat workarounds this run needs."""
     try:
         strategy = keras_lars.make_strategy(config.strategy, tpu_address=config.tpu)
     except (ValueError, keras_lars.compat.UnsupportedVersionError) as error:
