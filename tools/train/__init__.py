@@ -39,25 +39,12 @@ names below load their module on first use.
 import importlib
 
 _EXPORTS = {
-    "config": (
-        "Config",
-        "MODELS",
-        "OPTIMIZERS",
-        "STRATEGIES",
-        "BACKENDS",
-        "DISTRIBUTIONS",
-        "PRECISIONS",
-        "RECIPES",
-        "SCALING_RULES",
-        "REFERENCE_BATCH",
-        "scaled_learning_rate",
-    ),
-    "resolve": ("config_from_flags", "recipe_settings", "JAX_ENVIRONMENT"),
+    "config": ("Config", "OPTIMIZERS", "scaled_learning_rate"),
+    "resolve": ("config_from_flags", "recipe_settings"),
     "length": ("RunLength", "run_length"),
-    "build": ("compiled_model", "create_model", "create_optimizer", "CrossEntropy", "metrics"),
-    "loop": ("train_and_evaluate", "Diverged"),
+    "build": ("compiled_model", "create_model", "create_optimizer", "metrics"),
+    "loop": ("train_and_evaluate",),
     "preemption": ("EXIT_PREEMPTED", "Preempted", "Preemption"),
-    "model_dir": ("CONFIG_FILE",),
     "cli": ("main", "use_backend", "lost_peer"),
     "settings": ("ConfigError",),
 }
