@@ -49,6 +49,17 @@ def _parse(*parts):
         return ast.parse(f.read())
 
 
+def _statements(tree):
+    """A module's top-level statements, those of its top-level `if` blocks
+    included (keras_lars's imports wait under `if not _quiet.holding():`)."""
+    for node in tree.body:
+        if isinstance(node, ast.If):
+            yield from node.body
+            yield from node.orelse
+        else:
+            yield node
+
+
 def public_names(package):
     """`package`'s `__all__`, read from its source (nothing imported)."""
     tree = _parse(PACKAGES[package], "__init__.py")
@@ -77,7 +88,7 @@ def _has_docstring(package, name):
     docstring; constants count as documented by the comment lines above them."""
     source = PACKAGES[package]
     init = _parse(source, "__init__.py")
-    for node in init.body:
+    for node in _statements(init):
         if isinstance(node, ast.ImportFrom) and any(a.name == name for a in node.names):
             if node.module == package:  # a submodule
                 if os.path.isdir(os.path.join(ROOT, source, name)):
@@ -89,7 +100,7 @@ def _has_docstring(package, name):
 
 
 def _defined_with_docstring(tree, name):
-    for node in tree.body:
+    for node in _statements(tree):
         if isinstance(node, (ast.ClassDef, ast.FunctionDef)) and node.name == name:
             return bool(ast.get_docstring(node))
         if isinstance(node, ast.Assign) and any(

@@ -25,11 +25,11 @@ from keras_lars import _internals
 from keras_lars import distribute
 from keras_lars import noise_scale
 from keras_lars._internals import KERAS_VERIFIED
+from keras_lars.validation import ALLREDUCE_DTYPES
 from keras_lars.validation import check_bool
 from keras_lars.validation import check_number
 
 _RANK_ONE_NOTE = "biases, batch-norm gamma/beta"
-ALLREDUCE_DTYPES = (None, "float32", "bfloat16", "float16")
 
 
 def trust_ratio(

@@ -1,10 +1,11 @@
-"""Step arithmetic, the linear scaling rule and published large-batch recipes."""
+"""Step arithmetic and published large-batch recipes (the linear scaling rule: scaling.py)."""
 
 import dataclasses
 import math
 
 import keras
 
+from keras_lars.scaling import linear_scaling  # noqa: F401 (also keras_lars.recipes.linear_scaling)
 from keras_lars.schedules import WarmupPolyDecay
 from keras_lars.validation import check_bool
 from keras_lars.validation import check_integer
@@ -45,17 +46,6 @@ def epochs_to_steps(epochs, num_examples, global_batch_size, drop_remainder=True
     epochs = check_number("epochs", epochs, at_least=0.0)
     per_epoch = steps_per_epoch(num_examples, global_batch_size, drop_remainder)
     return math.floor(epochs * per_epoch + 0.5)
-
-
-def linear_scaling(base_learning_rate, global_batch_size, base_batch_size=256):
-    """The linear scaling rule (Goyal et al. 2017).
-
-    lr = base_learning_rate * global_batch_size / base_batch_size
-    """
-    base_learning_rate = check_number("base_learning_rate", base_learning_rate, at_least=0.0)
-    global_batch_size = check_integer("global_batch_size", global_batch_size, at_least=1)
-    base_batch_size = check_integer("base_batch_size", base_batch_size, at_least=1)
-    return base_learning_rate * global_batch_size / base_batch_size
 
 
 @keras.saving.register_keras_serializable(package="keras_lars")

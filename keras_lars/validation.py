@@ -3,6 +3,10 @@
 import math
 import numbers
 
+# LARS/LAMB's `allreduce_dtype` (layerwise.py); here, where no Keras is imported, for
+# the training tool's flag.
+ALLREDUCE_DTYPES = (None, "float32", "bfloat16", "float16")
+
 
 def check_number(name, value, above=None, at_least=None, below=None, at_most=None, finite=True):
     """Returns float(value); raises ValueError naming `name` if out of range,

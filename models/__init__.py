@@ -13,29 +13,21 @@ if __name__ != "keras_lars.models":
         f"import keras_lars.models, not {__name__}: this folder is the package keras_lars.models."
     )
 
-from keras_lars.models.alexnet import alexnet
-from keras_lars.models.alexnet import alexnet_bn
-from keras_lars.models.resnet import resnet
-from keras_lars.models.resnet import resnet18
-from keras_lars.models.resnet import resnet34
-from keras_lars.models.resnet import resnet50
-from keras_lars.models.resnet import resnet101
-from keras_lars.models.resnet import resnet152
-from keras_lars.models.simple_cnn import simple_cnn
+from keras_lars import _quiet
 
 # The reference models by name: the training tool's --model and the planner's
-# --model both take their choices from here.
-BUILDERS = {
-    "resnet18": resnet18,
-    "resnet34": resnet34,
-    "resnet50": resnet50,
-    "resnet101": resnet101,
-    "resnet152": resnet152,
-    "alexnet": alexnet,
-    "alexnet_bn": alexnet_bn,
-    "simple_cnn": simple_cnn,
-}
-
+# --model both take their choices from here (BUILDERS: the function of each
+# name, the name's own).
+NAMES = (
+    "resnet18",
+    "resnet34",
+    "resnet50",
+    "resnet101",
+    "resnet152",
+    "alexnet",
+    "alexnet_bn",
+    "simple_cnn",
+)
 
 # What the tool and the planner ask of a model: the ones without batch norm
 # (no `sync_batch_norm` argument), and the ones that pool globally, so that
@@ -53,6 +45,28 @@ def takes_any_image_size(name):
     """Whether BUILDERS[name] pools globally (GLOBAL_POOLING)."""
     return name in GLOBAL_POOLING
 
+
+def __getattr__(name):
+    """While held (keras_lars/_quiet.py: our programs check their flags
+    before Keras loads), a builder loads the models first; NAMES and the
+    facts above need nothing."""
+    if name in __all__:
+        return _quiet.released(__name__, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+if not _quiet.holding():
+    from keras_lars.models.alexnet import alexnet
+    from keras_lars.models.alexnet import alexnet_bn
+    from keras_lars.models.resnet import resnet
+    from keras_lars.models.resnet import resnet18
+    from keras_lars.models.resnet import resnet34
+    from keras_lars.models.resnet import resnet50
+    from keras_lars.models.resnet import resnet101
+    from keras_lars.models.resnet import resnet152
+    from keras_lars.models.simple_cnn import simple_cnn
+
+    BUILDERS = {name: globals()[name] for name in NAMES}
 
 __all__ = [
     "BUILDERS",
