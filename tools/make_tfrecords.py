@@ -21,7 +21,8 @@ seed so that every shard mixes the classes, each a `tf.train.Example` with
 `dataset.json` records the example counts and the number of classes, which
 the training tool reads. Unreadable images, empty class folders and class
 folders missing from an existing labels.txt are errors naming the file or
-folder (nothing is written then).
+folder (nothing is written then). The flags are checked before TensorFlow
+loads (it is imported where a function needs it).
 """
 
 import dataclasses
@@ -32,14 +33,12 @@ import os
 import random
 import sys
 
-import tensorflow as tf
 from absl import app
 
+from keras_lars import _quiet
 from keras_lars.tools import settings
-from keras_lars.tools import storage
-from keras_lars.tools.input_pipeline import EVAL_SPLIT
-from keras_lars.tools.input_pipeline import INFO_FILE
-from keras_lars.tools.input_pipeline import TRAIN_SPLIT
+from keras_lars.tools.datasets import EVAL_SPLIT
+from keras_lars.tools.datasets import TRAIN_SPLIT
 from keras_lars.tools.settings import at_least
 from keras_lars.tools.settings import in_interval
 from keras_lars.tools.settings import one_of
@@ -130,6 +129,7 @@ def list_examples(input_dir, labels=None):
 
 def jpeg_example(path, label, synset, quality):
     """(serialized tf.train.Example bytes) of the image at `path`."""
+    import tensorflow as tf
     from PIL import Image
 
     try:
@@ -168,6 +168,10 @@ def jpeg_example(path, label, synset, quality):
 
 def _write_shard(job):
     """Writes one shard under its temporary name (`storage.partial_path`)."""
+    import tensorflow as tf
+
+    from keras_lars.tools import storage
+
     examples, destination, first_label, quality = job
     with tf.io.TFRecordWriter(storage.partial_path(destination)) as writer:
         for path, index, synset in examples:
@@ -184,6 +188,11 @@ def convert(
     workers=1,
 ):
     """Writes the shards of `split`; returns the number of examples."""
+    import tensorflow as tf
+
+    from keras_lars.tools import storage
+    from keras_lars.tools.input_pipeline import INFO_FILE
+
     gfile = tf.io.gfile
     try:
         gfile.makedirs(output_dir)
@@ -251,6 +260,12 @@ def main(argv):
         raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
     try:
         options = ConversionSettings(**settings.from_flags(ConversionSettings)[0])
+    except settings.ConfigError as error:
+        sys.exit(f"error: {error}")
+    _quiet.release()  # the flags are good: TensorFlow loads now
+    from keras_lars.tools import storage
+
+    try:
         count = convert(
             options.input_dir,
             options.output_dir,

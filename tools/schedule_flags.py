@@ -5,12 +5,23 @@ phases, "epoch:value,...", the first at epoch 0. Each sets a flag of one
 value for its first phase (SETS); left at its default, that flag takes the
 first phase's value (`first_phase_value`), otherwise the two must agree
 (`phases_problem`). Each tool adds its own requirements around these.
+
+Importing this module imports no Keras, TensorFlow or JAX (the tools check
+their flags before those load); a schedule given loads keras_lars.BatchSchedule,
+which parses it (`_batch_schedule`).
 """
 
-import keras_lars
-from keras_lars.batch_schedule import parse_phases
+from keras_lars import _quiet
 
 SETS = {"batch_schedule": "global_batch_size", "image_size_schedule": "image_size"}
+
+
+def _batch_schedule():
+    """keras_lars.batch_schedule (Keras with it: a program holding it back releases it)."""
+    _quiet.release()
+    from keras_lars import batch_schedule
+
+    return batch_schedule
 
 
 def first_phase_value(schedule, value, default):
@@ -21,7 +32,7 @@ def first_phase_value(schedule, value, default):
     if not schedule or value != default:
         return value
     try:
-        first = parse_phases(schedule)[0][1]
+        first = _batch_schedule().parse_phases(schedule)[0][1]
     except ValueError:
         return value
     return first if first >= 1 else value
@@ -37,7 +48,7 @@ def phases_problem(value, config, schedule_flag, epochs_flag, size_problem):
     flag = SETS[schedule_flag]
     sizes = flag == "image_size"
     try:  # "0:1": a valid batch, to check the image sizes alone
-        schedule = keras_lars.BatchSchedule.parse(*(("0:1", value) if sizes else (value,)))
+        schedule = _batch_schedule().BatchSchedule.parse(*(("0:1", value) if sizes else (value,)))
     except ValueError as error:
         return str(error).rstrip(".")
     epochs = getattr(config, epochs_flag)

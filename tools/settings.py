@@ -17,7 +17,9 @@ value misses ("must be >= 1"); `check(config)` raises ConfigError
 """
 
 import dataclasses
+import json
 import math
+import os
 import sys
 import typing
 
@@ -121,6 +123,27 @@ def check(config):
         if problem:
             shown = ",".join(map(str, value)) if isinstance(value, tuple) else value
             raise ConfigError(f"--{field.name}={shown}: {problem}.")
+
+
+# --- the Keras backend -------------------------------------------------------------
+def keras_backend():
+    """Keras's backend: `keras.backend.backend()` once Keras is loaded; before
+    (our programs check their flags first), the one Keras would load, read as
+    Keras reads it: KERAS_BACKEND, else keras.json's "backend" in $KERAS_HOME
+    (default ~/.keras, /tmp/.keras where home is not writable), else tensorflow."""
+    if "keras" in sys.modules:
+        return sys.modules["keras"].backend.backend()
+    if os.environ.get("KERAS_BACKEND"):
+        return os.environ["KERAS_BACKEND"]
+    home = os.environ.get("KERAS_HOME")
+    if home is None:
+        base = os.path.expanduser("~")
+        home = os.path.join(base if os.access(base, os.W_OK) else "/tmp", ".keras")
+    try:
+        with open(os.path.expanduser(os.path.join(home, "keras.json"))) as f:
+            return json.load(f).get("backend", "tensorflow")
+    except (OSError, ValueError, AttributeError):
+        return "tensorflow"
 
 
 # --- flags ---------------------------------------------------------------------------

@@ -77,45 +77,80 @@ The parts, each using only those above it:
     results      aggregate, write_table, plot, write_outputs
     runner       run_cell, run_study
     cli          define_flags, study_from_flags, main, run (keras-lars-study)
+
+Importing the package imports no Keras, TensorFlow or JAX: the names below load
+their module on first use (keras-lars-study checks its flags before they load).
 """
 
-from keras_lars.tools.batch_study.cells import PROTOCOL
-from keras_lars.tools.batch_study.cells import Cell
-from keras_lars.tools.batch_study.cells import cell_config
-from keras_lars.tools.batch_study.cells import cell_key
-from keras_lars.tools.batch_study.cells import make_cells
-from keras_lars.tools.batch_study.cells import resolve_batch_sizes
-from keras_lars.tools.batch_study.cli import define_flags
-from keras_lars.tools.batch_study.cli import main
-from keras_lars.tools.batch_study.cli import run
-from keras_lars.tools.batch_study.cli import study_from_flags
-from keras_lars.tools.batch_study.precise_bn import RECALIBRATION_BATCH
-from keras_lars.tools.batch_study.precise_bn import RECALIBRATION_EXAMPLES
-from keras_lars.tools.batch_study.precise_bn import precise_bn_evaluation
-from keras_lars.tools.batch_study.precise_bn import recalibrate_batch_norm
-from keras_lars.tools.batch_study.results import ACCURACIES
-from keras_lars.tools.batch_study.results import AGGREGATE_FIELDS
-from keras_lars.tools.batch_study.results import ROW_FIELDS
-from keras_lars.tools.batch_study.results import aggregate
-from keras_lars.tools.batch_study.results import plot
-from keras_lars.tools.batch_study.results import write_outputs
-from keras_lars.tools.batch_study.results import write_table
-from keras_lars.tools.batch_study.runner import run_cell
-from keras_lars.tools.batch_study.runner import run_study
-from keras_lars.tools.batch_study.store import append_record
-from keras_lars.tools.batch_study.store import load_store
-from keras_lars.tools.batch_study.study import DEFAULT_RATES
-from keras_lars.tools.batch_study.study import DEFAULT_SCALING
-from keras_lars.tools.batch_study.study import DIGITS_IMAGE_SIZE
-from keras_lars.tools.batch_study.study import FULL
-from keras_lars.tools.batch_study.study import PER_CELL
-from keras_lars.tools.batch_study.study import STUDY_DEFAULTS
-from keras_lars.tools.batch_study.study import CellSettings
-from keras_lars.tools.batch_study.study import Study
-from keras_lars.tools.batch_study.study import StudySettings
-from keras_lars.tools.batch_study.study import make_study
-from keras_lars.tools.batch_study.study import per_optimizer
-from keras_lars.tools.batch_study.target_runner import run_target_study
+import importlib
+
+# module -> its names, each loaded on first use (__getattr__).
+_EXPORTS = {
+    "cells": (
+        "PROTOCOL",
+        "Cell",
+        "cell_config",
+        "cell_key",
+        "make_cells",
+        "resolve_batch_sizes",
+    ),
+    "cli": (
+        "define_flags",
+        "main",
+        "run",
+        "study_from_flags",
+    ),
+    "precise_bn": (
+        "RECALIBRATION_BATCH",
+        "RECALIBRATION_EXAMPLES",
+        "precise_bn_evaluation",
+        "recalibrate_batch_norm",
+    ),
+    "results": (
+        "ACCURACIES",
+        "AGGREGATE_FIELDS",
+        "ROW_FIELDS",
+        "aggregate",
+        "plot",
+        "write_outputs",
+        "write_table",
+    ),
+    "runner": (
+        "run_cell",
+        "run_study",
+    ),
+    "store": (
+        "append_record",
+        "load_store",
+    ),
+    "study": (
+        "DEFAULT_RATES",
+        "DEFAULT_SCALING",
+        "DIGITS_IMAGE_SIZE",
+        "FULL",
+        "PER_CELL",
+        "STUDY_DEFAULTS",
+        "CellSettings",
+        "Study",
+        "StudySettings",
+        "make_study",
+        "per_optimizer",
+    ),
+    "target_runner": ("run_target_study",),
+}
+_MODULE_OF = {name: module for module, names in _EXPORTS.items() for name in names}
+_SUBMODULES = (
+    "cells",
+    "cli",
+    "precise_bn",
+    "results",
+    "runner",
+    "store",
+    "study",
+    "target_results",
+    "target_runner",
+    "target_search",
+)
 
 __all__ = [
     "DEFAULT_RATES",
@@ -156,3 +191,11 @@ __all__ = [
     "run",
     "study_from_flags",
 ]
+
+
+def __getattr__(name):
+    if name in _MODULE_OF:
+        return getattr(importlib.import_module(f"{__name__}.{_MODULE_OF[name]}"), name)
+    if name in _SUBMODULES:
+        return importlib.import_module(f"{__name__}.{name}")
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -17,6 +17,8 @@ import os
 import tensorflow as tf
 
 from keras_lars.recipes import IMAGENET_TRAIN_EXAMPLES
+from keras_lars.tools.datasets import EVAL_SPLIT
+from keras_lars.tools.datasets import TRAIN_SPLIT
 from keras_lars.tools.input_pipeline.errors import DataError
 from keras_lars.tools.storage import first_line
 from keras_lars.tools.storage import special_file
@@ -24,7 +26,6 @@ from keras_lars.tools.storage import special_file
 IMAGENET_EVAL_EXAMPLES = 50000
 IMAGENET_CLASSES = 1000
 IMAGENET_SHARDS = (1024, 128)  # train-*, validation-* of tensorflow/tpu's imagenet_to_gcs.py
-TRAIN_SPLIT, EVAL_SPLIT = "train", "validation"  # shard name prefixes
 TRAIN_PATTERN = f"{TRAIN_SPLIT}-*"
 EVAL_PATTERN = f"{EVAL_SPLIT}-*"
 INFO_FILE = "dataset.json"  # written by keras-lars-make-tfrecords

@@ -72,9 +72,6 @@ class DataSource(typing.Protocol):
 class _Source:
     """What every source shares: the padded evaluation batches."""
 
-    default_image_size = 224
-    required_settings = ()  # constructor arguments that must be given
-
     def eval_share(self, num_pipelines):
         """The most evaluation examples one input pipeline holds."""
         return math.ceil(self.info.num_eval / num_pipelines)
@@ -147,8 +144,6 @@ class Digits(_InMemory):
     """scikit-learn's 1797 handwritten digits in memory (`load_digits`),
     read in the order of `epoch_permutation`; nothing is downloaded."""
 
-    default_image_size = 32
-
     def __init__(self, image_size=32, seed=0, num_classes=0, train_examples=0, eval_examples=0):
         arrays = load_digits(image_size)
         classes = num_classes or DIGITS_CLASSES
@@ -161,8 +156,6 @@ class FashionMNIST(_InMemory):
     (default: where Debian's dataset-fashion-mnist puts them; `idx`). Held
     in memory as uint8, read in the order of `epoch_permutation`, each batch
     made RGB, resized and normalised as it is read (`grey_to_rgb`)."""
-
-    default_image_size = 28
 
     def __init__(
         self, data_dir=None, image_size=28, seed=0, num_classes=0, train_examples=0, eval_examples=0
@@ -211,8 +204,6 @@ class ImageNetRecords(_Source):
     tensorflow/tpu's imagenet_to_gcs.py writes, else counted from the
     records (saying so). With eval=False no validation-* is needed.
     """
-
-    required_settings = ("data_dir",)
 
     def __init__(
         self,
@@ -269,7 +260,8 @@ class ImageNetRecords(_Source):
         )
 
 
-# --dataset names the source; adding a source is a class above and a line here.
+# --dataset names the source; adding a source is a class above, a line here and one in
+# tools/datasets.py (its default image size, its required settings).
 SOURCES = {
     "digits": Digits,
     "fashion_mnist": FashionMNIST,

@@ -4,14 +4,13 @@ import keras
 
 import keras_lars
 from keras_lars import models
-from keras_lars.tools.train.config import MODELS
 
 
 def create_model(config, num_classes):
     kwargs = {}
     if models.has_batch_norm(config.model):
         kwargs["sync_batch_norm"] = config.sync_batch_norm
-    model = MODELS[config.model](
+    model = models.BUILDERS[config.model](
         num_classes=num_classes,
         input_shape=(config.image_size, config.image_size, 3),
         **kwargs,

@@ -3,18 +3,21 @@
 `Config` is the settings table (name, type, default, help, check); the flags,
 config.json, the study's cell keys and docs/flags.md derive from it.
 `config_from_flags` (resolve.py) turns flag values into a Config.
+
+Nothing here imports Keras, TensorFlow or JAX (the names, facts and checks
+it needs are plain Python), so that keras-lars-train checks its flags before
+they load (cli.py).
 """
 
 import dataclasses
 import math
 import os
 
-import keras
-
 import keras_lars
 from keras_lars import models
-from keras_lars.tools import input_pipeline
+from keras_lars.scaling import linear_scaling
 from keras_lars.tools import settings
+from keras_lars.tools.datasets import DATASETS
 from keras_lars.tools.schedule_flags import SETS
 from keras_lars.tools.schedule_flags import first_phase_value
 from keras_lars.tools.schedule_flags import phases_problem
@@ -27,8 +30,9 @@ from keras_lars.tools.settings import one_of
 from keras_lars.tools.settings import setting
 from keras_lars.tools.train.cluster import CLUSTERS
 from keras_lars.tools.train.cluster import PORTS_PER_JOB
+from keras_lars.validation import ALLREDUCE_DTYPES
 
-MODELS = models.BUILDERS
+MODELS = models.NAMES
 OPTIMIZERS = ("lars", "lamb", "sgd", "nesterov")
 STRATEGIES = ("default", "mirrored", "multi_worker", "tpu")
 BACKENDS = ("tensorflow", "jax")
@@ -52,7 +56,7 @@ def scaled_learning_rate(base, global_batch_size, rule):
     none:    base
     """
     if rule == "linear":
-        return keras_lars.linear_scaling(base, global_batch_size, REFERENCE_BATCH)
+        return linear_scaling(base, global_batch_size, REFERENCE_BATCH)
     if rule == "sqrt":
         return base * math.sqrt(global_batch_size / REFERENCE_BATCH)
     if rule == "none":
@@ -342,7 +346,7 @@ class Config:
         "Precision of the gradients' cross-replica sum (Jia et al. 2018): bfloat16 and "
         "float16 halve the bytes on the wire; float16 scales each gradient by a power of "
         "two first (keras_lars.LARS/LAMB `allreduce_dtype`).",
-        choices=tuple(dtype for dtype in keras_lars.layerwise.ALLREDUCE_DTYPES if dtype),
+        choices=tuple(dtype for dtype in ALLREDUCE_DTYPES if dtype),
         check=_needs(
             lambda value, c: value == "float32" or c.backend == "tensorflow",
             "needs --backend=tensorflow (on JAX, XLA chooses the collectives)",
@@ -358,7 +362,7 @@ class Config:
         "or --data_dir); "
         "imagenet: ImageNet-format TFRecords in --data_dir (train-*, validation-*); "
         "synthetic: random images of ImageNet's sizes, for throughput.",
-        choices=input_pipeline.SOURCES,
+        choices=DATASETS,
     )
     data_dir: str = setting(
         None,
@@ -526,14 +530,14 @@ class Config:
             value = first_phase_value(getattr(self, schedule), value, defaults[flag].default)
             object.__setattr__(self, flag, value)
         if self.backend is None:
-            object.__setattr__(self, "backend", keras.backend.backend())
-        if self.image_size == 0 and self.dataset in input_pipeline.SOURCES:
-            default = input_pipeline.SOURCES[self.dataset].default_image_size
+            object.__setattr__(self, "backend", settings.keras_backend())
+        if self.image_size == 0 and self.dataset in DATASETS:
+            default = DATASETS[self.dataset].default_image_size
             object.__setattr__(self, "image_size", default)
         if not self.model_dir:
             object.__setattr__(self, "model_dir", os.path.join("runs", str(self.dataset)))
         settings.check(self)
-        for name in input_pipeline.SOURCES[self.dataset].required_settings:
+        for name in DATASETS[self.dataset].required_settings:
             if not getattr(self, name):
                 raise ConfigError(f"--{name} is required with --dataset={self.dataset}.")
 

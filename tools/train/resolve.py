@@ -4,13 +4,15 @@
 A flag given on the command line always wins over the recipe and over the
 environment; `recipe_line` says which settings --recipe set and which it left
 to the flags given.
+
+Nothing here imports Keras (the tool checks its flags with `config_from_flags`
+before it loads), but --recipe, whose table is keras_lars's.
 """
 
 import os
 
-import keras
-
 import keras_lars
+from keras_lars.tools import settings
 from keras_lars.tools.schedule_flags import first_phase_value
 from keras_lars.tools.settings import ConfigError
 from keras_lars.tools.train import cluster
@@ -31,7 +33,7 @@ def config_from_flags(values, given=(), log=None):
     JAX_ENVIRONMENT. `log(line)`, if given, receives the recipe's line."""
     values = dict(values)
     value_of = lambda name: values.get(name, getattr(Config, name))  # noqa: E731
-    if (value_of("backend") or keras.backend.backend()) == "jax":
+    if (value_of("backend") or settings.keras_backend()) == "jax":
         values.update(_from_environment(given))
         if value_of("cluster") == "slurm":  # the processes as JAX detects them under SLURM
             found = cluster.slurm_processes()
