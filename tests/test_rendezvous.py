@@ -16,6 +16,7 @@ import pytest
 
 import keras_lars
 from keras_lars import rendezvous
+from keras_lars.rendezvous import messages
 from keras_lars.tools.benchmark_allreduce import free_ports
 from keras_lars.tools.settings import ConfigError
 from keras_lars.tools.settings import fields
@@ -135,7 +136,7 @@ class _Client:
         """Sends a hello of `task` signed with `key` (for `nonces`, else this
         connection's), with `changes` made after signing."""
         nonces = nonces or [self.challenge["challenge"], "e" * 32]
-        line = rendezvous._Hello(run, {}, None).signed(
+        line = messages._Hello(run, {}, None).signed(
             key, nonces, task=list(task), status="hello", nonce=nonces[1]
         )
         message = {**json.loads(line), **changes}
@@ -195,9 +196,7 @@ def test_stray_and_forged_clients_are_ignored_and_the_real_peer_gets_in(monkeypa
     first = _Client(port)  # process 1, with the right proof: admitted
     nonces = first.hello(["process", 1], key)
     assert json.loads(first.answer())["status"] == "waiting"
-    first.send(
-        rendezvous._Hello(None, {}, None).signed(key, nonces, status="settings", settings={})
-    )
+    first.send(messages._Hello(None, {}, None).signed(key, nonces, status="settings", settings={}))
     duplicate = _Client(port)
     duplicate.hello(["process", 1], key)  # process 1 again
     _wait_until(lambda: len(lines) == 13)
@@ -240,7 +239,7 @@ def test_stray_and_forged_clients_are_ignored_and_the_real_peer_gets_in(monkeypa
 def _old_default_key(run, settings):
     """The key of keras_lars.rendezvous/1 without $KERAS_LARS_RUN_SECRET:
     from what every hello carried (issue 41, item 1)."""
-    return hashlib.sha256(rendezvous._canonical([run, settings])).digest()
+    return hashlib.sha256(messages._canonical([run, settings])).digest()
 
 
 def test_a_forged_hello_with_copied_settings_is_refused_by_default(monkeypatch, tmp_path):
@@ -396,7 +395,7 @@ def test_idle_connections_do_not_keep_the_peer_out():
 
 
 def test_a_connection_without_a_hello_is_dropped_after_its_time(monkeypatch):
-    monkeypatch.setattr(rendezvous, "HELLO_SECONDS", 0.5)
+    monkeypatch.setattr(messages, "HELLO_SECONDS", 0.5)
     (port,) = free_ports(1)
     lines = []
     chief, outcome = _in_thread(
