@@ -3,7 +3,7 @@
     nox -s matrix                           # every pair: the whole suite
     nox -t oldest -- tests/test_lars.py     # one pair (tags: oldest, newest), some tests
     nox -s oldest_ci                        # CI's stage: the oldest pair, all but the
-                                            # version-independent modules (tests/conftest.py)
+                                            # version-independent modules (tests/tiers.py)
     nox -s matrix_table                     # docs/versions.md's table from the results
     nox -s wheel                            # the sdist and wheel built and twine-checked, the
                                             # wheel installed and used from elsewhere
@@ -65,7 +65,7 @@ VERSIONS_PAGE = os.path.join("docs", "versions.md")
 # minutes for the same code).
 SHORTENED = ["--train_epochs=2", "--warmup_epochs=1", "--train_examples=256"]
 # As README's test command: 2 processes, the several-process tests in one
-# (tests/conftest.py's SEVERAL_PROCESSES).
+# (tests/tiers.py's SEVERAL_PROCESSES).
 IN_TWO_PROCESSES = ["-q", "-n", "2", "--dist", "loadgroup"]
 TABLE_START, TABLE_END = "<!-- matrix: nox -s matrix_table -->", "<!-- /matrix -->"
 
@@ -95,7 +95,7 @@ def matrix(session, tensorflow, keras):
 def oldest_ci(session):
     """CI's oldest-pair stage: the whole suite on the oldest pair but the
     modules that exercise no version-dependent path and thirteen single-process
-    tests (tests/conftest.py's VERSION_INDEPENDENT and
+    tests (tests/tiers.py's VERSION_INDEPENDENT and
     NEWEST_ONLY_IN_CI, each with its reason), which the newest pair runs."""
     selection = "not version_independent and not newest_only_in_ci"
     _suite(session, *OLDEST, ["-m", selection], "all but version-independent, newest-only")
@@ -162,7 +162,7 @@ def _commit():
 
 def _on_jax(case):
     """Whether a junit test case runs Keras's JAX backend (the JAX road): its
-    `jax_road` property (tests/conftest.py, since 2026-12-04), else its id
+    `jax_road` property (tests/tiers.py, since 2026-12-04), else its id
     names jax."""
     if any(p.get("name") == "jax_road" for p in case.iter("property")):
         return True
@@ -260,7 +260,7 @@ def wheel(session):
         "print('ResNet-50 trainable parameters:', n); assert n == 25557032, n",
     )
     # The default run cut to two epochs of 256 digits, into runs/digits, from the
-    # installed wheel (test_train's test_default_run_writes_checkpoints_logs_and_summary
+    # installed wheel (test_train_runs' test_default_run_writes_checkpoints_logs_and_summary
     # runs it from the source tree; the whole 15-epoch job's accuracy is README's quick
     # start).
     session.run("keras-lars-train", *SHORTENED)
