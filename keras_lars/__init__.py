@@ -14,7 +14,6 @@ if not _quiet.holding():
     from keras_lars import distribute
     from keras_lars.batch_schedule import BatchSchedule
     from keras_lars.batch_schedule import EpochWarmupPolyDecay
-    from keras_lars.batch_schedule import Phase
     from keras_lars.callbacks import DivergenceGuard
     from keras_lars.callbacks import NonFiniteLossError
     from keras_lars.callbacks import TrustRatioMonitor
@@ -24,6 +23,7 @@ if not _quiet.holding():
     from keras_lars.lars import LARS
     from keras_lars.layerwise import trust_ratio
     from keras_lars.noise_scale import NoiseScaleMonitor
+    from keras_lars.phases import Phase
     from keras_lars.recipes import LarsRecipe
     from keras_lars.recipes import epochs_to_steps
     from keras_lars.recipes import resnet50_lars_recipe

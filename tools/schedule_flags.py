@@ -6,22 +6,15 @@ value for its first phase (SETS); left at its default, that flag takes the
 first phase's value (`first_phase_value`), otherwise the two must agree
 (`phases_problem`). Each tool adds its own requirements around these.
 
-Importing this module imports no Keras, TensorFlow or JAX (the tools check
-their flags before those load); a schedule given loads keras_lars.BatchSchedule,
-which parses it (`_batch_schedule`).
+Importing or using this module imports no Keras, TensorFlow or JAX (the
+tools check their flags before those load): the phases are keras_lars.phases'.
 """
 
-from keras_lars import _quiet
+from keras_lars.phases import checked_phases
+from keras_lars.phases import parse_phases
+from keras_lars.phases import schedule_phases
 
 SETS = {"batch_schedule": "global_batch_size", "image_size_schedule": "image_size"}
-
-
-def _batch_schedule():
-    """keras_lars.batch_schedule (Keras with it: a program holding it back releases it)."""
-    _quiet.release()
-    from keras_lars import batch_schedule
-
-    return batch_schedule
 
 
 def first_phase_value(schedule, value, default):
@@ -32,7 +25,7 @@ def first_phase_value(schedule, value, default):
     if not schedule or value != default:
         return value
     try:
-        first = _batch_schedule().parse_phases(schedule)[0][1]
+        first = parse_phases(schedule)[0][1]
     except ValueError:
         return value
     return first if first >= 1 else value
@@ -48,12 +41,12 @@ def phases_problem(value, config, schedule_flag, epochs_flag, size_problem):
     flag = SETS[schedule_flag]
     sizes = flag == "image_size"
     try:  # "0:1": a valid batch, to check the image sizes alone
-        schedule = _batch_schedule().BatchSchedule.parse(*(("0:1", value) if sizes else (value,)))
+        phases = checked_phases(schedule_phases(*(("0:1", value) if sizes else (value,))))
     except ValueError as error:
         return str(error).rstrip(".")
     epochs = getattr(config, epochs_flag)
-    values = [p.image_size if sizes else p.global_batch_size for p in schedule.phases]
-    for number, (phase, phase_value) in enumerate(zip(schedule.phases, values), 1):
+    values = [p.image_size if sizes else p.global_batch_size for p in phases]
+    for number, (phase, phase_value) in enumerate(zip(phases, values), 1):
         if phase.epoch >= epochs:
             return (
                 f"phase {number} starts at epoch {phase.epoch}, at or beyond "

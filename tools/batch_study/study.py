@@ -14,7 +14,8 @@ import dataclasses
 import itertools
 import math
 
-import keras_lars
+from keras_lars.phases import checked_phases
+from keras_lars.phases import schedule_phases
 from keras_lars.tools import settings
 from keras_lars.tools import train
 from keras_lars.tools.settings import ConfigError
@@ -134,7 +135,7 @@ def _control_schedule_problem(text, config):
     if not text:
         return None
     try:
-        phases = keras_lars.BatchSchedule.parse(text).phases
+        phases = checked_phases(schedule_phases(text))
     except ValueError as error:
         return str(error)
     if len(phases) < 2:
