@@ -199,17 +199,17 @@ def test_the_header_is_read_before_the_body_is_decompressed(tmp_path):
 
 def test_a_fifo_or_directory_in_place_of_a_record_file_is_one_line(tmp_path):
     from keras_lars.tools import input_pipeline
-    from keras_lars.tools.input_pipeline import records
+    from keras_lars.tools.input_pipeline import tfrecord_files
 
     os.mkfifo(tmp_path / "train-00000-of-00001")
     with pytest.raises(input_pipeline.DataError) as raised:
-        records.list_files(str(tmp_path), records.TRAIN_PATTERN)
+        tfrecord_files.list_files(str(tmp_path), tfrecord_files.TRAIN_PATTERN)
     assert str(raised.value) == (
         f"{tmp_path}/train-00000-of-00001 is a FIFO (named pipe), not a TFRecord file."
     )
     os.mkfifo(tmp_path / "dataset.json")
     with pytest.raises(input_pipeline.DataError) as raised:
-        records.read_info(str(tmp_path))
+        tfrecord_files.read_info(str(tmp_path))
     assert (
         str(raised.value) == f"{tmp_path}/dataset.json is a FIFO (named pipe), not a dataset.json."
     )

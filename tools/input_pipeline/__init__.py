@@ -12,8 +12,8 @@ The parts, each depending only on those above it:
 
     errors          DataError
     transforms      per-image crops, resize, flip, normalisation
-    records         ImageNet-format files: names, listing, sharding, parsing, counts
-    record_checks   each file's first record up front; the first bad record
+    tfrecord_files  ImageNet-format files: names, listing, sharding, parsing, counts
+    tfrecord_checks each file's first record up front; the first bad record
     imagenet        tf.data of the records: a training epoch, the evaluation examples
     idx             Fashion-MNIST's IDX files (gzip): parsing, checks, the four files
     arrays          in memory: the digits, grey images, synthetic images
@@ -42,22 +42,6 @@ from keras_lars.tools.input_pipeline.idx import read_idx
 from keras_lars.tools.input_pipeline.imagenet import SHUFFLE_BUFFER
 from keras_lars.tools.input_pipeline.imagenet import imagenet_eval_examples
 from keras_lars.tools.input_pipeline.imagenet import imagenet_train
-from keras_lars.tools.input_pipeline.record_checks import find_bad_record
-from keras_lars.tools.input_pipeline.record_checks import record_problem
-from keras_lars.tools.input_pipeline.record_checks import validate_files
-from keras_lars.tools.input_pipeline.records import EVAL_PATTERN
-from keras_lars.tools.input_pipeline.records import EVAL_SPLIT
-from keras_lars.tools.input_pipeline.records import FEATURES
-from keras_lars.tools.input_pipeline.records import IMAGENET_CLASSES
-from keras_lars.tools.input_pipeline.records import IMAGENET_EVAL_EXAMPLES
-from keras_lars.tools.input_pipeline.records import IMAGENET_SHARDS
-from keras_lars.tools.input_pipeline.records import IMAGENET_TRAIN_EXAMPLES
-from keras_lars.tools.input_pipeline.records import INFO_FILE
-from keras_lars.tools.input_pipeline.records import TRAIN_PATTERN
-from keras_lars.tools.input_pipeline.records import TRAIN_SPLIT
-from keras_lars.tools.input_pipeline.records import list_files
-from keras_lars.tools.input_pipeline.records import parse_record
-from keras_lars.tools.input_pipeline.records import shard_files
 from keras_lars.tools.input_pipeline.sources import SOURCES
 from keras_lars.tools.input_pipeline.sources import DatasetInfo
 from keras_lars.tools.input_pipeline.sources import DataSource
@@ -67,6 +51,22 @@ from keras_lars.tools.input_pipeline.sources import ImageNetRecords
 from keras_lars.tools.input_pipeline.sources import Synthetic
 from keras_lars.tools.input_pipeline.sources import load
 from keras_lars.tools.input_pipeline.sources import padded_batches
+from keras_lars.tools.input_pipeline.tfrecord_checks import find_bad_record
+from keras_lars.tools.input_pipeline.tfrecord_checks import record_problem
+from keras_lars.tools.input_pipeline.tfrecord_checks import validate_files
+from keras_lars.tools.input_pipeline.tfrecord_files import EVAL_PATTERN
+from keras_lars.tools.input_pipeline.tfrecord_files import EVAL_SPLIT
+from keras_lars.tools.input_pipeline.tfrecord_files import FEATURES
+from keras_lars.tools.input_pipeline.tfrecord_files import IMAGENET_CLASSES
+from keras_lars.tools.input_pipeline.tfrecord_files import IMAGENET_EVAL_EXAMPLES
+from keras_lars.tools.input_pipeline.tfrecord_files import IMAGENET_SHARDS
+from keras_lars.tools.input_pipeline.tfrecord_files import IMAGENET_TRAIN_EXAMPLES
+from keras_lars.tools.input_pipeline.tfrecord_files import INFO_FILE
+from keras_lars.tools.input_pipeline.tfrecord_files import TRAIN_PATTERN
+from keras_lars.tools.input_pipeline.tfrecord_files import TRAIN_SPLIT
+from keras_lars.tools.input_pipeline.tfrecord_files import list_files
+from keras_lars.tools.input_pipeline.tfrecord_files import parse_record
+from keras_lars.tools.input_pipeline.tfrecord_files import shard_files
 from keras_lars.tools.input_pipeline.transforms import AREA_RANGE
 from keras_lars.tools.input_pipeline.transforms import ASPECT_RATIO_RANGE
 from keras_lars.tools.input_pipeline.transforms import EVAL_CROP_FRACTION

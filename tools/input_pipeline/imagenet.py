@@ -4,8 +4,8 @@ the evaluation examples in file order."""
 
 import tensorflow as tf
 
-from keras_lars.tools.input_pipeline.records import parse_record
-from keras_lars.tools.input_pipeline.records import shard_files
+from keras_lars.tools.input_pipeline.tfrecord_files import parse_record
+from keras_lars.tools.input_pipeline.tfrecord_files import shard_files
 from keras_lars.tools.input_pipeline.transforms import preprocess_for_eval
 from keras_lars.tools.input_pipeline.transforms import preprocess_for_train
 

@@ -8,7 +8,7 @@ import typing
 
 import tensorflow as tf
 
-from keras_lars.tools.input_pipeline import records
+from keras_lars.tools.input_pipeline import tfrecord_files
 from keras_lars.tools.input_pipeline.arrays import DIGITS_CLASSES
 from keras_lars.tools.input_pipeline.arrays import arrays_train
 from keras_lars.tools.input_pipeline.arrays import grey_to_rgb
@@ -19,7 +19,7 @@ from keras_lars.tools.input_pipeline.idx import FASHION_MNIST_CLASSES
 from keras_lars.tools.input_pipeline.idx import load_fashion_mnist
 from keras_lars.tools.input_pipeline.imagenet import imagenet_eval_examples
 from keras_lars.tools.input_pipeline.imagenet import imagenet_train
-from keras_lars.tools.input_pipeline.record_checks import validate_files
+from keras_lars.tools.input_pipeline.tfrecord_checks import validate_files
 
 
 @dataclasses.dataclass(frozen=True)
@@ -177,9 +177,9 @@ class Synthetic(_Source):
         self.image_size, self.seed = image_size, seed
         self.info = DatasetInfo(
             "synthetic",
-            train_examples or records.IMAGENET_TRAIN_EXAMPLES,
-            eval_examples or records.IMAGENET_EVAL_EXAMPLES,
-            num_classes or records.IMAGENET_CLASSES,
+            train_examples or tfrecord_files.IMAGENET_TRAIN_EXAMPLES,
+            eval_examples or tfrecord_files.IMAGENET_EVAL_EXAMPLES,
+            num_classes or tfrecord_files.IMAGENET_CLASSES,
         )
 
     def train(self, epoch, global_batch_size, input_context=None, skip_batches=0):
@@ -217,16 +217,22 @@ class ImageNetRecords(_Source):
         eval_examples=0,
     ):
         self.image_size, self.seed, self.label_offset = image_size, seed, label_offset
-        train_files = records.list_files(data_dir, records.TRAIN_PATTERN)
-        eval_files = records.list_files(data_dir, records.EVAL_PATTERN) if eval else ()
-        stored = records.read_info(data_dir)
+        train_files = tfrecord_files.list_files(data_dir, tfrecord_files.TRAIN_PATTERN)
+        eval_files = (
+            tfrecord_files.list_files(data_dir, tfrecord_files.EVAL_PATTERN) if eval else ()
+        )
+        stored = tfrecord_files.read_info(data_dir)
         if not stored and not (train_examples and num_classes and (eval_examples or not eval)):
-            stored = records.infer_info(data_dir, train_files, eval_files, label_offset)
+            stored = tfrecord_files.infer_info(data_dir, train_files, eval_files, label_offset)
+
+        def count(key):
+            return tfrecord_files.stored_count(stored, key, data_dir)
+
         self.info = DatasetInfo(
             "imagenet",
-            train_examples or records.stored_count(stored, "train", data_dir),
-            (eval_examples or records.stored_count(stored, "validation", data_dir)) if eval else 0,
-            num_classes or records.stored_count(stored, "num_classes", data_dir),
+            train_examples or count("train"),
+            (eval_examples or count("validation")) if eval else 0,
+            num_classes or count("num_classes"),
             train_files,
             eval_files,
         )
@@ -254,7 +260,7 @@ class ImageNetRecords(_Source):
         return math.ceil(files / num_pipelines) * math.ceil(self.info.num_eval / files)
 
     def eval_examples(self, batch, pipeline_id, pipelines, input_context):
-        files = records.shard_files(self.info.eval_files, input_context)
+        files = tfrecord_files.shard_files(self.info.eval_files, input_context)
         return imagenet_eval_examples(
             files, self.image_size, self.label_offset, self.info.num_classes
         )

@@ -4,7 +4,7 @@ front, and, only to report a failure, the search for the first bad record."""
 import tensorflow as tf
 
 from keras_lars.tools.input_pipeline.errors import DataError
-from keras_lars.tools.input_pipeline.records import FEATURES
+from keras_lars.tools.input_pipeline.tfrecord_files import FEATURES
 from keras_lars.tools.storage import first_line
 
 
