@@ -73,7 +73,7 @@ The parts, each using only those above it:
     study        StudySettings, CellSettings (PER_CELL), Study, make_study
     cells        a cell's Config, run length and key; make_cells
     precise_bn   recalibrate_batch_norm, precise_bn_evaluation
-    store        cells.jsonl: load_store, append_record
+    cell_store   cells.jsonl: load_store, append_record
     results      aggregate, write_table, plot, write_outputs
     runner       run_cell, run_study
     cli          define_flags, study_from_flags, main, run (keras-lars-study)
@@ -119,7 +119,7 @@ _EXPORTS = {
         "run_cell",
         "run_study",
     ),
-    "store": (
+    "cell_store": (
         "append_record",
         "load_store",
     ),
@@ -140,12 +140,12 @@ _EXPORTS = {
 }
 _MODULE_OF = {name: module for module, names in _EXPORTS.items() for name in names}
 _SUBMODULES = (
+    "cell_store",
     "cells",
     "cli",
     "precise_bn",
     "results",
     "runner",
-    "store",
     "study",
     "target_results",
     "target_runner",

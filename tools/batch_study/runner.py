@@ -14,12 +14,12 @@ import keras
 
 from keras_lars.tools import input_pipeline
 from keras_lars.tools import train
+from keras_lars.tools.batch_study.cell_store import append_record
+from keras_lars.tools.batch_study.cell_store import load_store
 from keras_lars.tools.batch_study.cells import make_cells
 from keras_lars.tools.batch_study.precise_bn import precise_bn_evaluation
 from keras_lars.tools.batch_study.results import ROW_FIELDS
 from keras_lars.tools.batch_study.results import write_outputs
-from keras_lars.tools.batch_study.store import append_record
-from keras_lars.tools.batch_study.store import load_store
 
 
 def train_logged(config, then):

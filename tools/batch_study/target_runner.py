@@ -14,10 +14,10 @@ import keras
 
 from keras_lars.tools import input_pipeline
 from keras_lars.tools import train
+from keras_lars.tools.batch_study.cell_store import append_record
+from keras_lars.tools.batch_study.cell_store import load_store
 from keras_lars.tools.batch_study.cells import resolve_batch_sizes
 from keras_lars.tools.batch_study.runner import train_logged
-from keras_lars.tools.batch_study.store import append_record
-from keras_lars.tools.batch_study.store import load_store
 from keras_lars.tools.batch_study.target_results import TRIAL_FIELDS
 from keras_lars.tools.batch_study.target_results import write_target_outputs
 from keras_lars.tools.batch_study.target_search import best_step
