@@ -21,7 +21,7 @@ from keras_lars.tools.benchmark_allreduce import free_ports
 from keras_lars.tools.settings import ConfigError
 from keras_lars.tools.settings import fields
 from keras_lars.tools.train.config import Config
-from keras_lars.tools.train.runtime import shared_settings
+from keras_lars.tools.train.process_start import shared_settings
 from tests.processes import finish as processes_finish
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
