@@ -1,6 +1,7 @@
 """tests/tiers.py's test tiers: what collection marks slow, and the guard
 that fails a test not marked slow which starts a process or trains a run."""
 
+import collections
 import importlib
 import os
 
@@ -171,6 +172,39 @@ def test_newest_only_in_ci_names_collected_tests_outside_the_kept_paths(request)
             assert not item.get_closest_marker("multiworker"), name
     names = {name.split("::")[1] for name in tiers.NEWEST_ONLY_IN_CI}
     assert not {n for n in names if any(w in n for w in ("sigterm", "kill", "worker", "jax"))}
+
+
+def test_slow_in_process_names_tests_that_exist_and_leaves_a_case_of_each_fast(request):
+    collected = {
+        f"{os.path.basename(str(item.fspath))}::{item.name}": item for item in request.session.items
+    }
+    listed = collections.Counter()
+    for name, why in tiers.SLOW_IN_PROCESS.items():
+        assert len(why) > 15, name
+        module, test = name.split("::")
+        function = getattr(
+            importlib.import_module(f"tests.{module[:-3]}"), test.split("[")[0], None
+        )
+        assert callable(function), name  # not renamed away
+        if "[" in name:
+            listed[function] += 1
+        if name in collected:  # not deselected (-m "not slow") and its module run
+            item = collected[name]
+            assert item.get_closest_marker("slow"), name
+            assert ("slow", f"takes long in this process (SLOW_IN_PROCESS): {why}") in (
+                item.user_properties
+            )
+        others = [
+            other
+            for other in collected
+            if "[" in name
+            and other.startswith(name.split("[")[0] + "[")
+            and other not in tiers.SLOW_IN_PROCESS
+        ]
+        assert all(not collected[other].get_closest_marker("slow") for other in others), name
+    for function, count in listed.items():  # a parametrized test keeps a case in the fast tier
+        cases = [mark for mark in function.pytestmark if mark.name == "parametrize"]
+        assert count < len(cases[0].args[1]), function.__name__
 
 
 class _UnitItem:
