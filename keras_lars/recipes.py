@@ -5,7 +5,6 @@ import math
 
 import keras
 
-from keras_lars.scaling import linear_scaling  # noqa: F401 (also keras_lars.recipes.linear_scaling)
 from keras_lars.schedules import WarmupPolyDecay
 from keras_lars.validation import check_bool
 from keras_lars.validation import check_integer
