@@ -17,7 +17,10 @@ from keras_lars._environment import _version
 
 # Inclusive (major, minor) ranges the overrides and patches were verified on.
 KERAS_VERIFIED = ((3, 8), (3, 15))
+"""Inclusive (major, minor) range of the Keras versions keras_lars's overrides
+and workarounds were verified on."""
 TENSORFLOW_VERIFIED = ((2, 17), (2, 21))
+"""Inclusive (major, minor) range of the TensorFlow versions they were verified on."""
 # Keras's JAX backend trains under keras.distribution as on one device from
 # 3.10 on. Before (measured 2026-12-01 on 8 simulated CPU devices):
 # - an optimizer slot of a sharded variable stays replicated (keras PR #21264
@@ -59,6 +62,8 @@ _DISTRIBUTION_FAULTS = {
 # Verified on Keras 3.10.0 and 3.11.3 (3.8 and 3.9 run no keras.distribution in
 # the tool).
 RECORDED_STATE_SHARDINGS = ((3, 10), (3, 11))
+"""Inclusive (major, minor) range of the Keras versions whose JAX train step
+reads the state shardings fit records on the model (`record_state_shardings`)."""
 STATE_SHARDING_ATTRIBUTES = (
     "_trainable_variable_shardings",
     "_non_trainable_variable_shardings",
@@ -84,6 +89,7 @@ def installed_version(package):
 
 
 def dotted(version):
+    """The text of a version tuple: "3.10.0" of (3, 10, 0)."""
     return ".".join(str(part) for part in version)
 
 

@@ -36,11 +36,23 @@ only. `table()` renders the registry as Markdown (docs/workarounds.md).
 
 Only Keras and TensorFlow are patched, never keras_lars: clipping after the
 all-reduce and the low-precision all-reduce are `LayerwiseOptimizer`'s own.
+
+The versions, for programs that check before they start (the training and
+planning tools do): `installed_version()` and `dotted()`;
+`distribution_problem()`, why this Keras and jax would not train under
+keras.distribution as one device does (None where they do); and
+`record_state_shardings()`, what a JAX train step lowered outside fit needs
+on the Keras versions of `RECORDED_STATE_SHARDINGS`.
 """
 
+from keras_lars import _internals
 from keras_lars._internals import KERAS_VERIFIED
+from keras_lars._internals import RECORDED_STATE_SHARDINGS
 from keras_lars._internals import TENSORFLOW_VERIFIED
 from keras_lars._internals import UnsupportedVersionError
+from keras_lars._internals import distribution_problem
+from keras_lars._internals import dotted
+from keras_lars._internals import record_state_shardings
 from keras_lars._internals import replicas_in_sync
 from keras_lars.compat._registry import WORKAROUNDS
 from keras_lars.compat._registry import applied
@@ -68,4 +80,15 @@ __all__ = [
     "KERAS_VERIFIED",
     "TENSORFLOW_VERIFIED",
     "replicas_in_sync",
+    "installed_version",
+    "dotted",
+    "distribution_problem",
+    "RECORDED_STATE_SHARDINGS",
+    "record_state_shardings",
 ]
+
+
+def installed_version(package):
+    """(major, minor, patch) of the installed "keras", "tensorflow" or "jax"
+    (ints; e.g. (3, 15, 1))."""
+    return _internals.installed_version(package)  # at each call: what tests replace

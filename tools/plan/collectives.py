@@ -65,7 +65,7 @@ import re
 
 import keras
 
-from keras_lars import _internals
+from keras_lars import compat
 from keras_lars.models import BUILDERS
 from keras_lars.tools.plan import layout_file
 
@@ -210,12 +210,12 @@ def gathers_per_update():
     """All-gathers of a replicated variable that XLA updates on its shards (the
     module docstring's "updates"): its new value and its momentum, 2; the new
     value alone, 1, where Keras's train step constrains its returned state to
-    the shardings fit recorded (_internals.RECORDED_STATE_SHARDINGS). Measured
+    the shardings fit recorded (compat.RECORDED_STATE_SHARDINGS). Measured
     on ResNet-50's model-parallel step, 8 devices, 224x224, batch 256: Keras
     3.15.1 gathered 74.2 MB in one instruction, Keras 3.10.0 37.1 MB (LARS's
     w - update), the rest alike (2026-12-04)."""
-    low, high = _internals.RECORDED_STATE_SHARDINGS
-    return 1 if low <= _internals.installed_version("keras")[:2] <= high else 2
+    low, high = compat.RECORDED_STATE_SHARDINGS
+    return 1 if low <= compat.installed_version("keras")[:2] <= high else 2
 
 
 def layout_bytes(model_name, image_size, global_batch, mesh, layouts, num_classes=1000):

@@ -112,7 +112,7 @@ def compiled_text(case, layout_file=""):
     import numpy as np
 
     import keras_lars
-    from keras_lars import _internals
+    from keras_lars import compat
     from keras_lars.tools.train import build
     from keras_lars.tools.train import config as train_config
     from keras_lars.tools.train import runtime_jax
@@ -149,7 +149,7 @@ def compiled_text(case, layout_file=""):
         ),
     )
     shardings = tuple([array.sharding for array in part] for part in state)
-    _internals.record_state_shardings(model, shardings)  # Keras 3.10-3.11 read them
+    compat.record_state_shardings(model, shardings)  # Keras 3.10-3.11 read them
     step = jax.jit(model.train_step, donate_argnums=0, out_shardings=(None, shardings))
     text = step.lower(state, data).compile().as_text()
     keras.distribution.set_distribution(None)
@@ -160,17 +160,17 @@ def child(cases, layout_file=""):
     """Compiles each case (all with the same devices) here; JSON lines out."""
     import time
 
-    from keras_lars import _internals
+    from keras_lars import compat
 
     for case in cases:
-        problem = _internals.distribution_problem("data" if case[1] == "data_parallel" else "model")
+        problem = compat.distribution_problem("data" if case[1] == "data_parallel" else "model")
         if problem:  # below Keras 3.10 the tool refuses keras.distribution
             print(json.dumps({"case": case_text(case), "refused": problem}))
             continue
         start = time.perf_counter()
         try:
             text = compiled_text(case, layout_file)
-        except _internals.UnsupportedVersionError as error:
+        except compat.UnsupportedVersionError as error:
             print(json.dumps({"case": case_text(case), "refused": str(error)}))
             continue
         compile_seconds = time.perf_counter() - start

@@ -33,7 +33,7 @@ import jax
 import keras
 import tensorflow as tf
 
-from keras_lars import _internals
+from keras_lars import compat
 from keras_lars import rendezvous
 from keras_lars.tools import layout_file
 from keras_lars.tools.settings import ConfigError
@@ -59,7 +59,7 @@ class JaxRuntime:
         the other processes (interruptible), then joins jax.distributed."""
         if self.config.distribution != "none":
             parallelism = self.config.distribution.split("_")[0]  # "data" or "model"
-            problem = _internals.distribution_problem(parallelism, self.config.num_processes)
+            problem = compat.distribution_problem(parallelism, self.config.num_processes)
             if problem:
                 raise ConfigError(f"{self.flag}: {problem}.")
             without_a_hanging_cache()
@@ -101,14 +101,14 @@ def without_a_hanging_cache():
     """Turns the persistent compilation cache off (one line) for a run on
     several devices where jax predates CACHE_SAFE_SINCE."""
     directory = jax.config.jax_compilation_cache_dir
-    version = _internals.installed_version("jax")
+    version = compat.installed_version("jax")
     if directory and jax.config.jax_enable_compilation_cache and version < CACHE_SAFE_SINCE:
         jax.config.update("jax_enable_compilation_cache", False)
         print(
-            f"warning: jax {_internals.dotted(version)} can hang running a multi-device step "
+            f"warning: jax {compat.dotted(version)} can hang running a multi-device step "
             f"it loaded from its persistent compilation cache: this run does not use "
             f"{directory} (JAX_COMPILATION_CACHE_DIR); jax >= "
-            f"{_internals.dotted(CACHE_SAFE_SINCE)} does",
+            f"{compat.dotted(CACHE_SAFE_SINCE)} does",
             flush=True,
         )
 
@@ -353,7 +353,7 @@ def planned_layouts(path, shapes, devices):
     """((batch, model), {regex: axes}) of the layout file at `path` (one
     ConfigError line naming the file when it does not fit the model or the
     devices, or when this Keras cannot run it)."""
-    problem = _internals.distribution_problem("model")
+    problem = compat.distribution_problem("model")
     if problem:
         raise ConfigError(f"--layout={path}: {problem}.")
     try:
