@@ -42,9 +42,9 @@ from tests import test_train_jax as jax_tests
 from tests.conftest import requires_jax
 from tests.processes import CHILD_TIMEOUT
 from tests.processes import finish as processes_finish
-from tests.test_train import ROOT
-from tests.test_train import h5_arrays
-from tests.test_train import tool_command
+from tests.train_tool import ROOT
+from tests.train_tool import h5_arrays
+from tests.train_tool import tool_command
 
 TIMEOUT = CHILD_TIMEOUT
 # One LARS step of ResNet-18 on 64 digits at 16x16, batch norm over the
