@@ -9,6 +9,7 @@ import sys
 import pytest
 
 from keras_lars.tools import plan
+from keras_lars.tools.plan import records_table
 from keras_lars.tools.settings import ConfigError
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -150,9 +151,9 @@ def test_records_table_text_and_inputs():
     assert text[-2].startswith(
         "leave-one-out: each of the 20 records predicted at the u fitted on the other 19"
     )
-    jia = plan.cli._inputs_text(plan.record("jia2018"))
+    jia = records_table._inputs_text(plan.record("jia2018"))
     assert jia == "varied: activation_dtype, overlap; assumed: devices_per_node"
-    assert plan.cli._inputs_text(plan.record("goyal2017")) == "all published"
+    assert records_table._inputs_text(plan.record("goyal2017")) == "all published"
 
 
 def test_a_batch_that_fits_and_one_that_does_not():

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from keras_lars.tools import plan
+from keras_lars.tools.plan.records_table import score_line
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -168,7 +169,7 @@ def test_records_errors_ranges_and_score():
         "mlperf07_nvidia",
         "mlperf11_nvidia",
     ]
-    assert plan.cli.score_line(rows).startswith("(a) one u: 6 of 18 scored records within +-30%")
+    assert score_line(rows).startswith("(a) one u: 6 of 18 scored records within +-30%")
 
 
 # under each device's own calibration (records.PER_DEVICE): None where the device and
@@ -193,7 +194,7 @@ def test_records_under_the_per_device_calibration():
         expected = EXPECTED_PER_DEVICE[key]
         assert (row.error, row.low, row.high) == pytest.approx(expected, abs=0.01), key
     assert [key for key, row in predicted.items() if row.within] == ["mlperf11_nvidia_1024"]
-    line = plan.cli.score_line(rows, plan.PER_DEVICE)
+    line = score_line(rows, plan.PER_DEVICE)
     assert line.startswith("(b) per device: 1 of 8 scored records within +-30%")
     assert "(10 more not predicted: no published throughput of a P100-PCIe, P40, " in line
 

@@ -11,6 +11,7 @@ import sys
 import pytest
 
 from keras_lars.tools import plan
+from keras_lars.tools.plan import report
 from keras_lars.tools.settings import ConfigError
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -108,7 +109,7 @@ def test_the_phased_report_starts_with_its_assumptions_and_ends_with_the_total()
     assert lines[0] == "assumes"
     assert lines[5] == "  batch         4,096 -> 8,192 = 64 x 64 -> 128 (--batch_schedule)"
     assert lines[6] == "  image size    224 (--image_size)"
-    rows = lines[lines.index(plan.cli.PHASE_HEADER) + 1 :]
+    rows = lines[lines.index(report.PHASE_HEADER) + 1 :]
     assert rows[0].split()[:6] == ["1", "0-30", "4,096", "64", "224", "9,360"]
     assert rows[1].split()[:6] == ["2", "30-90", "8,192", "128", "224", "9,360"]
     seconds = options.phased_plan().seconds

@@ -13,6 +13,7 @@ import sys
 import pytest
 
 from keras_lars.tools.plan import cli
+from keras_lars.tools.plan import report
 from keras_lars.tools.plan import target_curve
 from keras_lars.tools.plan import time_to_accuracy as tta
 from keras_lars.tools.settings import ConfigError
@@ -222,7 +223,7 @@ def test_the_report_from_a_study_and_a_run(tmp_path):
         target_devices="1,2",
         **ONE,
     )
-    text = tta.report(options, cli.duration)
+    text = tta.report(options, report.duration)
     lines = text.splitlines()
     assert lines[0] == (
         "time to accuracy 0.8 of simple_cnn on digits: S(B) = S_min + E_min / B = 20.0 + "
@@ -233,13 +234,13 @@ def test_the_report_from_a_study_and_a_run(tmp_path):
     assert rows[0][:2] == ["32", "220"] and rows[1][:2] == ["1,024*", "26.2"]  # 20 + 6400/1024
     assert "*: outside the batches measured (32 .. 512): S(B) extrapolated" in lines
     assert "device time (devices x time to accuracy; / 3600 s: device-hours):" in lines
-    assert cli.duration(0.25) == "250 ms" and cli.duration(4.25) == "4.2 s"
+    assert report.duration(0.25) == "250 ms" and report.duration(4.25) == "4.2 s"
     assert not any(line.startswith("note ") for line in lines)  # the run's model is the study's
     other = settings(target_study=options.target_study, target_optimizer="lamb", **ONE)
     assert (
         "note      the study trained simple_cnn at 28, the steps are timed for resnet50 at 224: "
         "the curve is assumed to carry over"
-    ) in tta.report(other, cli.duration).splitlines()
+    ) in tta.report(other, report.duration).splitlines()
     assert lines[-2].startswith("fastest   batch ") and lines[-1].startswith("cheapest  batch ")
     assert not any(line.lstrip().startswith("2,048") for line in lines)  # > the 1,437 examples
 
@@ -354,7 +355,7 @@ def test_the_planning_page_example_is_what_the_planner_prints(tmp_path):
     study = write_study(tmp_path / "tta_study", fit)
     run = write_run(tmp_path / "tta_run", rate=4279.4, batch=128, image_size=16)
     options = settings(target_study=study, from_run=run, target_devices="1,2,4,8,16")
-    text = tta.report(options, cli.duration).replace(str(tmp_path), "/tmp")
+    text = tta.report(options, report.duration).replace(str(tmp_path), "/tmp")
     with open(os.path.join(os.path.dirname(__file__), "..", "docs", "planning.md")) as f:
         page = f.read()
     start = page.index("<!-- time to accuracy example:")

@@ -15,8 +15,9 @@ One step over p devices, b = B / p images each:
 
     step = (b + b_half) t_image / u + c_fixed + max(0, allreduce(n) - backward) + input stall
 
-The modules, data flowing one way (cli -> time_to_accuracy, phases, pipeline
--> step -> device, cost_models; records and calibration are data):
+The modules, data flowing one way (cli -> config, report, records_table,
+time_to_accuracy; config -> model_inputs -> phases, step -> device,
+cost_models; report -> pipeline, step; records and calibration are data):
 
     cost_models  the all-reduce alpha-beta models: ring, tree, halving_doubling,
                  hierarchical, torus2d (formulas and sources in their docstrings)
@@ -34,197 +35,156 @@ The modules, data flowing one way (cli -> time_to_accuracy, phases, pipeline
     collectives  the bytes a (batch, model) layout's collectives move a step, as
                  XLA compiles the training tool's JAX step
     hybrid       the per-layer data/model-parallel choice and its mesh (--layout_out)
-    layout_file  the layout file: written by --layout_out, read by keras-lars-train
+    (tools/layout_file.py, beside both tools: the layout file --layout_out writes
+                 and keras-lars-train --layout reads)
     hlo          the bytes of the collectives in a compiled program's HLO text
     hlo_bytes    the planned bytes against the tool's compiled step (a script)
-    records      published ImageNet / ResNet-50 times with their hardware (data)
+    published    Record: a published run's inputs, their sources or assumed values,
+                 the cluster and device model they make
+    records      published ImageNet / ResNet-50 times with their hardware (a data table)
     target_curve steps to a target accuracy against the batch, S(B) = S_min + E_min / B,
                  from a study's fit.json, S_min and B_crit, or a noise scale
     time_to_accuracy  a measured run's throughput scaling the step; time to
                  accuracy and device time over batch x devices, with accumulation
-    target_flags the time-to-accuracy settings (cli.PlanSettings inherits them)
-    cli          the flags, the text reports, `run` (the console script)
+    target_flags the time-to-accuracy settings (config.PlanSettings inherits them)
+    config       PlanSettings: every flag declared once, checked on construction
+    model_inputs what the settings mean to the models: device, profile, cluster,
+                 run, phases (config.PlanSettings inherits them)
+    report       the text reports: the plan, the phases, batch x devices, --layers
+    records_table  the records against the predictions (--records, docs/planning.md)
+    cli          the command line: flags first, then the report; `run` (the console script)
 
 docs/planning.md has the equations, the records table and what could not be
-verified. Importing this package has no side effects.
+verified. Importing this package has no side effects and imports none of
+its modules: the names below load their module on first use.
 """
 
-from keras_lars.tools.plan.calibration import HERE
-from keras_lars.tools.plan.calibration import THROUGHPUTS
-from keras_lars.tools.plan.calibration import Calibration
-from keras_lars.tools.plan.calibration import Throughput
-from keras_lars.tools.plan.calibration import calibrate
-from keras_lars.tools.plan.calibration import fit_line
-from keras_lars.tools.plan.calibration import update_seconds
-from keras_lars.tools.plan.cli import GRADIENT_DTYPES
-from keras_lars.tools.plan.cli import MODELS
-from keras_lars.tools.plan.cli import PlanSettings
-from keras_lars.tools.plan.cli import duration
-from keras_lars.tools.plan.cli import grid_text
-from keras_lars.tools.plan.cli import layers_text
-from keras_lars.tools.plan.cli import main
-from keras_lars.tools.plan.cli import neighbourhood
-from keras_lars.tools.plan.cli import phased_text
-from keras_lars.tools.plan.cli import plan_text
-from keras_lars.tools.plan.cli import records_markdown
-from keras_lars.tools.plan.cli import records_text
-from keras_lars.tools.plan.cli import report_text
-from keras_lars.tools.plan.cli import run
-from keras_lars.tools.plan.collectives import layout_bytes
-from keras_lars.tools.plan.collectives import plan_layout
-from keras_lars.tools.plan.cost_models import ALGORITHMS
-from keras_lars.tools.plan.cost_models import GB
-from keras_lars.tools.plan.cost_models import US
-from keras_lars.tools.plan.cost_models import Cluster
-from keras_lars.tools.plan.cost_models import allreduce_time
-from keras_lars.tools.plan.cost_models import halving_doubling_allreduce
-from keras_lars.tools.plan.cost_models import hierarchical_allreduce
-from keras_lars.tools.plan.cost_models import ring_allreduce
-from keras_lars.tools.plan.cost_models import torus2d_allreduce
-from keras_lars.tools.plan.cost_models import torus_shape
-from keras_lars.tools.plan.cost_models import tree_allreduce
-from keras_lars.tools.plan.device import DEVICES
-from keras_lars.tools.plan.device import DTYPE_BYTES
-from keras_lars.tools.plan.device import TRAINING_FLOPS_FACTOR
-from keras_lars.tools.plan.device import Device
-from keras_lars.tools.plan.device import DeviceSpec
-from keras_lars.tools.plan.device import LayerProfile
-from keras_lars.tools.plan.device import ModelProfile
-from keras_lars.tools.plan.device import custom_profile
-from keras_lars.tools.plan.device import model_profile
-from keras_lars.tools.plan.device import moved_elements
-from keras_lars.tools.plan.device import profile_keras_model
-from keras_lars.tools.plan.hybrid import HybridPlan
-from keras_lars.tools.plan.hybrid import hybrid_plan
-from keras_lars.tools.plan.memory import RESERVE
-from keras_lars.tools.plan.memory import MemoryEstimate
-from keras_lars.tools.plan.memory import activation_elements
-from keras_lars.tools.plan.memory import largest_batch
-from keras_lars.tools.plan.memory import memory_estimate
-from keras_lars.tools.plan.phases import PhasedPlan
-from keras_lars.tools.plan.phases import PhasePlan
-from keras_lars.tools.plan.phases import PhaseSpan
-from keras_lars.tools.plan.phases import phase_spans
-from keras_lars.tools.plan.pipeline import PipelinePlan
-from keras_lars.tools.plan.pipeline import bubble_fraction
-from keras_lars.tools.plan.pipeline import pipeline_candidates
-from keras_lars.tools.plan.pipeline import pipeline_plan
-from keras_lars.tools.plan.pipeline import split_stages
-from keras_lars.tools.plan.records import CALIBRATED_UTILIZATION
-from keras_lars.tools.plan.records import CALIBRATION_RECORD
-from keras_lars.tools.plan.records import INPUTS
-from keras_lars.tools.plan.records import PER_DEVICE
-from keras_lars.tools.plan.records import RECORDS
-from keras_lars.tools.plan.records import SCHEDULE_INPUTS
-from keras_lars.tools.plan.records import TOLERANCE
-from keras_lars.tools.plan.records import Record
-from keras_lars.tools.plan.records import record
-from keras_lars.tools.plan.step import BACKWARD_FRACTION
-from keras_lars.tools.plan.step import LayerChoice
-from keras_lars.tools.plan.step import LeaveOneOut
-from keras_lars.tools.plan.step import RecordRange
-from keras_lars.tools.plan.step import Run
-from keras_lars.tools.plan.step import StepTime
-from keras_lars.tools.plan.step import choices
-from keras_lars.tools.plan.step import exposed_communication
-from keras_lars.tools.plan.step import fit_utilization
-from keras_lars.tools.plan.step import layer_choices
-from keras_lars.tools.plan.step import leave_one_out
-from keras_lars.tools.plan.step import plan_run
-from keras_lars.tools.plan.step import predict_record
-from keras_lars.tools.plan.step import recipe_epochs
-from keras_lars.tools.plan.step import record_phases
-from keras_lars.tools.plan.step import record_range
-from keras_lars.tools.plan.step import records_rows
-from keras_lars.tools.plan.step import step_time
+import importlib
 
-__all__ = [
-    "ALGORITHMS",
-    "BACKWARD_FRACTION",
-    "CALIBRATED_UTILIZATION",
-    "CALIBRATION_RECORD",
-    "DEVICES",
-    "DTYPE_BYTES",
-    "GB",
-    "GRADIENT_DTYPES",
-    "HERE",
-    "INPUTS",
-    "MODELS",
-    "PER_DEVICE",
-    "RECORDS",
-    "RESERVE",
-    "SCHEDULE_INPUTS",
-    "THROUGHPUTS",
-    "TOLERANCE",
-    "TRAINING_FLOPS_FACTOR",
-    "US",
-    "Calibration",
-    "Cluster",
-    "Device",
-    "HybridPlan",
-    "DeviceSpec",
-    "LayerChoice",
-    "LayerProfile",
-    "LeaveOneOut",
-    "MemoryEstimate",
-    "ModelProfile",
-    "PhasePlan",
-    "PhaseSpan",
-    "PhasedPlan",
-    "PipelinePlan",
-    "PlanSettings",
-    "Record",
-    "RecordRange",
-    "Run",
-    "StepTime",
-    "Throughput",
-    "activation_elements",
-    "allreduce_time",
-    "bubble_fraction",
-    "calibrate",
-    "choices",
-    "custom_profile",
-    "duration",
-    "exposed_communication",
-    "fit_line",
-    "fit_utilization",
-    "grid_text",
-    "halving_doubling_allreduce",
-    "hybrid_plan",
-    "hierarchical_allreduce",
-    "largest_batch",
-    "layout_bytes",
-    "layer_choices",
-    "layers_text",
-    "leave_one_out",
-    "main",
-    "memory_estimate",
-    "model_profile",
-    "moved_elements",
-    "neighbourhood",
-    "phase_spans",
-    "phased_text",
-    "pipeline_candidates",
-    "pipeline_plan",
-    "plan_layout",
-    "plan_run",
-    "plan_text",
-    "predict_record",
-    "profile_keras_model",
-    "recipe_epochs",
-    "record",
-    "record_phases",
-    "record_range",
-    "records_markdown",
-    "records_rows",
-    "records_text",
-    "report_text",
-    "ring_allreduce",
-    "run",
-    "split_stages",
-    "step_time",
-    "torus2d_allreduce",
-    "torus_shape",
-    "tree_allreduce",
-    "update_seconds",
-]
+_EXPORTS = {
+    "calibration": (
+        "HERE",
+        "THROUGHPUTS",
+        "Calibration",
+        "Throughput",
+        "calibrate",
+        "fit_line",
+        "update_seconds",
+    ),
+    "config": (
+        "GRADIENT_DTYPES",
+        "MODELS",
+        "PlanSettings",
+    ),
+    "report": (
+        "duration",
+        "grid_text",
+        "layers_text",
+        "neighbourhood",
+        "phased_text",
+        "plan_text",
+        "report_text",
+    ),
+    "cli": ("main",),
+    "records_table": (
+        "records_markdown",
+        "records_text",
+    ),
+    "collectives": (
+        "layout_bytes",
+        "plan_layout",
+    ),
+    "cost_models": (
+        "ALGORITHMS",
+        "GB",
+        "US",
+        "Cluster",
+        "allreduce_time",
+        "halving_doubling_allreduce",
+        "hierarchical_allreduce",
+        "ring_allreduce",
+        "torus2d_allreduce",
+        "torus_shape",
+        "tree_allreduce",
+    ),
+    "device": (
+        "DEVICES",
+        "DTYPE_BYTES",
+        "TRAINING_FLOPS_FACTOR",
+        "Device",
+        "DeviceSpec",
+        "LayerProfile",
+        "ModelProfile",
+        "custom_profile",
+        "model_profile",
+        "moved_elements",
+        "profile_keras_model",
+    ),
+    "hybrid": (
+        "HybridPlan",
+        "hybrid_plan",
+    ),
+    "memory": (
+        "RESERVE",
+        "MemoryEstimate",
+        "activation_elements",
+        "largest_batch",
+        "memory_estimate",
+    ),
+    "phases": (
+        "PhasedPlan",
+        "PhasePlan",
+        "PhaseSpan",
+        "phase_spans",
+    ),
+    "pipeline": (
+        "PipelinePlan",
+        "bubble_fraction",
+        "pipeline_candidates",
+        "pipeline_plan",
+        "split_stages",
+    ),
+    "published": ("INPUTS", "SCHEDULE_INPUTS", "PER_DEVICE", "Record"),
+    "records": (
+        "CALIBRATED_UTILIZATION",
+        "CALIBRATION_RECORD",
+        "RECORDS",
+        "TOLERANCE",
+        "record",
+    ),
+    "step": (
+        "BACKWARD_FRACTION",
+        "LayerChoice",
+        "LeaveOneOut",
+        "RecordRange",
+        "Run",
+        "StepTime",
+        "choices",
+        "exposed_communication",
+        "fit_utilization",
+        "layer_choices",
+        "leave_one_out",
+        "plan_run",
+        "predict_record",
+        "recipe_epochs",
+        "record_phases",
+        "record_range",
+        "records_rows",
+        "step_time",
+    ),
+}
+_MODULE_OF = {name: module for module, names in _EXPORTS.items() for name in names}
+__all__ = sorted(_MODULE_OF) + ["run"]
+
+
+def __getattr__(name):
+    if name not in _MODULE_OF:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(f"{__name__}.{_MODULE_OF[name]}"), name)
+
+
+def run(argv=None):
+    """The keras-lars-plan entry point (cli.run)."""
+    from keras_lars.tools.plan import cli
+
+    cli.run(argv)

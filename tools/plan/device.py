@@ -49,15 +49,13 @@ e(b): how full the device is at b images (b_half: the batch at which it is
 half full); c_fixed: seconds every step pays whatever its batch (the
 optimizer's update, launches, the host). `DEVICES` declares each device
 once: peaks, memory bandwidth, memory size, each with its source.
+Importing this module imports no Keras: the profiles load it (the flags
+need DEVICES first).
 """
 
 import dataclasses
 import functools
 import math
-
-import keras
-
-from keras_lars.models import BUILDERS
 
 TRAINING_FLOPS_FACTOR = 3  # forward + backward (2x forward)
 BATCH_NORM_PASSES = 8  # over its output, its ReLU fused (module docstring)
@@ -129,6 +127,8 @@ def _elements(shape):
 
 
 def _forward_flops(layer):
+    import keras
+
     if isinstance(layer, keras.layers.Conv2D):  # DepthwiseConv2D is not a Conv2D
         kh, kw, cin_per_group, cout = layer.kernel.shape
         height, width = layer.output.shape[1:3]
@@ -142,6 +142,8 @@ def _forward_flops(layer):
 def profile_keras_model(model):
     """The ModelProfile of a built functional Keras model (layers in order,
     the input layer left out)."""
+    import keras
+
     layers = []
     for layer in model.layers:
         if isinstance(layer, keras.layers.InputLayer):
@@ -163,9 +165,18 @@ def profile_keras_model(model):
 @functools.cache
 def model_profile(name, image_size=224, num_classes=1000):
     """Builds keras_lars.models.BUILDERS[name] on the CPU and profiles it."""
+    from keras_lars.models import BUILDERS  # before Keras: it loads it (keras_lars/_quiet.py)
+
+    builder = BUILDERS[name]
+    return profile_keras_model(_on_cpu(builder, num_classes, (image_size, image_size, 3)))
+
+
+def _on_cpu(builder, num_classes, input_shape):
+    """builder(num_classes=..., input_shape=...) built on the CPU."""
+    import keras
+
     with keras.device("cpu:0"):
-        model = BUILDERS[name](num_classes=num_classes, input_shape=(image_size, image_size, 3))
-    return profile_keras_model(model)
+        return builder(num_classes=num_classes, input_shape=input_shape)
 
 
 def custom_profile(parameters, forward_flops, name="custom"):

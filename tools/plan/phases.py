@@ -31,6 +31,14 @@ class PhaseSpan:
         return self.end_epoch - self.first_epoch
 
 
+def span_text(span):
+    """'epochs 30-60: global batch 8,192, image size 224'."""
+    return (
+        f"epochs {span.first_epoch}-{span.end_epoch:g}: global batch {span.global_batch:,}, "
+        f"image size {span.image_size}"
+    )
+
+
 def phase_spans(schedule, epochs, image_size):
     """The PhaseSpan of each phase of `schedule` (a keras_lars.BatchSchedule),
     the last ending at `epochs`; `image_size` where the schedule has none."""

@@ -1,49 +1,21 @@
 """Published ImageNet / ResNet-50 training times and the hardware they ran
-on (data), each input with its source.
+on: a declared data table (`RECORDS`), one `published.Record` a run, each
+input with where it is published or the values assumed for it (the Record
+type, its inputs and the models it makes: published.py). Nothing here
+computes; `_mlperf` only fills in what every MLPerf result shares.
 
-A `Record`'s `sources` say where each input is published (keys: one or
-several comma-separated field names); inputs with no public source are
-`assumed`, each with its plausible values (the record's own value among
-them); an input in both has several published values (MLPerf's runs
-stopped at different epochs; a batch that grew during the run). The
-records table shows the prediction over every combination
-(step.record_range) under two device models: (a) one constant fitted, the
-utilization, on `CALIBRATION_RECORD`, which is not scored (step.leave_one_out
-fits it on each record in turn); (b) `PER_DEVICE`, each device's calibration
-on its published throughputs (calibration.py), nothing fitted on a record.
-docs/planning.md holds the table.
+The records table shows the prediction over every combination of the
+assumed inputs (step.record_range) under two device models: (a) one
+constant fitted, the utilization, on `CALIBRATION_RECORD`, which is not
+scored (step.leave_one_out fits it on each record in turn); (b)
+published.PER_DEVICE, each device's calibration on its published
+throughputs (calibration.py), nothing fitted on a record. docs/planning.md
+holds the table.
 """
 
-import dataclasses
-
-from keras_lars.tools.plan.calibration import calibrate
 from keras_lars.tools.plan.cost_models import GB
-from keras_lars.tools.plan.cost_models import US
-from keras_lars.tools.plan.cost_models import Cluster
-from keras_lars.tools.plan.device import DEVICES
-from keras_lars.tools.plan.device import DTYPE_BYTES
-from keras_lars.tools.plan.device import Device
-from keras_lars.tools.plan.device import model_profile
+from keras_lars.tools.plan.published import Record
 
-# every input of a record: each is in `sources` or in `assumed`
-INPUTS = (
-    "device",
-    "devices",
-    "devices_per_node",
-    "intra_bandwidth",
-    "inter_bandwidth",
-    "algorithm",
-    "activation_dtype",
-    "gradient_dtype",
-    "global_batch",
-    "epochs",
-    "published_seconds",
-    "overlap",
-)
-# the inputs of a record whose batch grew during the run (grown_batch > 0)
-SCHEDULE_INPUTS = ("grown_batch", "switch_epoch")
-PER_DEVICE = "per-device"  # Record.device_model: the device's calibration, not one u
-LATENCY = 5 * US  # every link of every record: assumed, no record publishes it
 TPU_V3_LINK = 340e12 / 1024  # all-reduce bandwidth a chip: 340 TB/s over a 1024-chip pod
 TPU_V4_LINK = 1.1e15 / 4096  # 1.1 PB/s over a 4096-chip pod
 MLPERF = "github.com/mlcommons/training_results_v{}/{}/results/{}/resnet"
@@ -52,76 +24,6 @@ MLPERF_LOG = (
     "without the fastest and the slowest run; global_batch_size; the epoch of the "
     "last evaluation)"
 )
-
-
-@dataclasses.dataclass(frozen=True)
-class Record:
-    """A published training time and its hardware (SI units). `sources`:
-    field name(s) -> where published; `assumed`: field -> plausible values
-    (with a source too: the published values); `global_batch` grows to
-    `grown_batch` at `switch_epoch` where the run's batch grew;
-    `miss`: why the prediction is off, when it is; `scored`: False for a row
-    that cannot test the model (`note` says why)."""
-
-    key: str
-    paper: str
-    device: str
-    devices: int
-    devices_per_node: int
-    intra_bandwidth: float
-    inter_bandwidth: float
-    algorithm: str
-    activation_dtype: str
-    gradient_dtype: str
-    global_batch: int
-    epochs: float
-    published_seconds: float
-    overlap: bool
-    sources: dict
-    grown_batch: int = 0  # the batch from switch_epoch on; 0: global_batch all run
-    switch_epoch: int = 0
-    assumed: dict = dataclasses.field(default_factory=dict)
-    miss: str = ""
-    scored: bool = True
-    note: str = ""
-
-    def sourced_fields(self):
-        return {name.strip() for key in self.sources for name in key.split(",")}
-
-    def cluster(self):
-        """The record's devices and links (latencies: LATENCY)."""
-        return Cluster(
-            self.devices,
-            self.devices_per_node,
-            self.intra_bandwidth,
-            LATENCY,
-            self.inter_bandwidth,
-            LATENCY,
-            self.algorithm,
-        )
-
-    def device_model(self, utilization):
-        """The record's device at `utilization` of its roofline; at
-        PER_DEVICE, its own calibration on the device's published throughputs
-        at the record's activations (u, b_half, c_fixed of
-        calibration.calibrate; nothing fitted on a record), None where the
-        device has none."""
-        spec = DEVICES[self.device]
-        half, fixed = 0.0, 0.0
-        if utilization == PER_DEVICE:
-            fitted = calibrate(spec, self.activation_dtype, model_profile("resnet50"))
-            if fitted is None:
-                return None
-            utilization, half = fitted.utilization, fitted.half_batch
-            fixed = fitted.fixed_step_seconds
-        return Device(
-            peak_flops=spec.peak(self.activation_dtype),
-            utilization=utilization,
-            memory_bandwidth=spec.memory_bandwidth,
-            activation_bytes=DTYPE_BYTES[self.activation_dtype],
-            half_batch=half,
-            fixed_step_seconds=fixed,
-        )
 
 
 def _mlperf(version, submitter, system, **fields):

@@ -16,7 +16,7 @@ Over p devices, b = B / p images each:
 Per layer, data parallelism moves 2 P s_g bytes a step and model
 parallelism 2 B I s_a (`LayerChoice`). A record's prediction is a range
 over its assumed inputs (`record_range`), at one u or under each device's
-own calibration (records.PER_DEVICE); `leave_one_out` predicts each
+own calibration (published.PER_DEVICE); `leave_one_out` predicts each
 record at the u fitted on all the others.
 """
 
@@ -177,7 +177,7 @@ def predict_record(rec, utilization=CALIBRATED_UTILIZATION, **choice):
     """The Run this planner predicts for a record's hardware (ResNet-50),
     a phases.PhasedPlan where its batch grew (`record_phases`), with
     `choice` replacing some of its inputs (one of its assumed values);
-    `utilization`: one u, or records.PER_DEVICE (None where the device has
+    `utilization`: one u, or published.PER_DEVICE (None where the device has
     no published throughput)."""
     rec = dataclasses.replace(rec, **choice) if choice else rec
     device = rec.device_model(utilization)
@@ -254,7 +254,7 @@ class RecordRange:
 
 def record_range(rec, utilization=CALIBRATED_UTILIZATION):
     """The RecordRange of `rec` (published_seconds may be assumed too);
-    None if some combination has no device model (records.PER_DEVICE on a
+    None if some combination has no device model (published.PER_DEVICE on a
     device without a published throughput)."""
     runs = [(choice, predict_record(rec, utilization, **choice)) for choice in choices(rec)]
     nominal = predict_record(rec, utilization)

@@ -1,5 +1,5 @@
 """keras-lars-plan's time-to-accuracy settings (tools/plan/time_to_accuracy.py),
-declared apart so that the planner's settings (cli.PlanSettings) take them
+declared apart so that the planner's settings (config.PlanSettings) take them
 by inheritance: a steps-to-target curve (target_curve.py), the user's
 measured run, and the batch x devices grid."""
 
