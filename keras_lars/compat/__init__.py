@@ -48,12 +48,10 @@ on the Keras versions of `RECORDED_STATE_SHARDINGS`.
 from keras_lars import _internals
 from keras_lars._internals import KERAS_VERIFIED
 from keras_lars._internals import RECORDED_STATE_SHARDINGS
-from keras_lars._internals import TENSORFLOW_VERIFIED
 from keras_lars._internals import UnsupportedVersionError
 from keras_lars._internals import distribution_problem
 from keras_lars._internals import dotted
 from keras_lars._internals import record_state_shardings
-from keras_lars._internals import replicas_in_sync
 from keras_lars.compat._registry import WORKAROUNDS
 from keras_lars.compat._registry import applied
 from keras_lars.compat._registry import apply
@@ -78,8 +76,6 @@ __all__ = [
     "CompatWarning",
     "UnsupportedVersionError",
     "KERAS_VERIFIED",
-    "TENSORFLOW_VERIFIED",
-    "replicas_in_sync",
     "installed_version",
     "dotted",
     "distribution_problem",
