@@ -36,7 +36,7 @@ from keras_lars.tools.benchmark_allreduce import free_ports
 from keras_lars.tools.settings import ConfigError
 from keras_lars.tools.train import cluster
 from keras_lars.tools.train.config import Config
-from keras_lars.tools.train.runtime import shared_settings
+from keras_lars.tools.train.process_start import shared_settings
 from tests import forger
 from tests import test_train_jax as jax_tests
 from tests.conftest import requires_jax
