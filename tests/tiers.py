@@ -58,7 +58,7 @@ _LIBRARY_STARTERS = (
     ("keras_lars.tools.benchmark_optimizers", "measure_jax"),
     ("keras_lars.tools.benchmark_optimizers", "main"),
     ("keras_lars.tools.plan.hlo_bytes", "compile_cases"),
-    ("keras_lars.tools.train.runtime", "bounded_start"),  # its watchdog process
+    ("keras_lars.tools.train.process_start", "bounded_start"),  # its watchdog process
     ("keras_lars.tools.train.runtime_jax", "start_processes"),  # through bounded_start
 )
 # Library functions that train a whole run (or several) in this process.
@@ -301,6 +301,7 @@ VERSION_INDEPENDENT = {
     "test_plan_schedule.py": "the planner's phased-plan arithmetic",
     "test_docs.py": "the docs' links, examples and generated pages",
     "test_site.py": "the API reference's pages against __all__ (source read, not run)",
+    "test_import_graph.py": "the import graph of the sources, read, not imported",
     "test_doc_examples.py": "README's and the guides' examples, checked once; each "
     "behaviour they show has its own test on every pair",
     "test_tiers.py": "the test tiers' own machinery",
