@@ -141,9 +141,9 @@ def release():
 def released(package, name):
     """The module `package`'s public `name` (a module __getattr__'s answer while it is
     held): releases the packages and returns it."""
-    # A submodule is imported, not released (`from keras_lars import distribute`
-    # asks for the attribute first).
-    if not holding() or importlib.util.find_spec(f"{package}.{name}") is not None:
+    if not holding():
         raise AttributeError(f"module {package!r} has no attribute {name!r}")
+    if importlib.util.find_spec(f"{package}.{name}") is not None:  # compat, distribute
+        return importlib.import_module(f"{package}.{name}")  # a module, without the rest
     release()
     return getattr(sys.modules[package], name)

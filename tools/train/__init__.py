@@ -33,7 +33,9 @@ ends with the same result as an uninterrupted run.
     model_dir.py           config.json, checkpoint names, summary.json, the lock
 
 Importing this package has no side effects and imports no TensorFlow: the
-names below load their module on first use.
+names below load their module on first use. keras-lars-train checks its flags
+before Keras, TensorFlow or JAX load (cli.py, config.py and resolve.py import
+none of them), so a bad flag or value answers at once.
 """
 
 import importlib
