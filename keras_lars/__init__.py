@@ -21,7 +21,6 @@ if not _quiet.holding():
     from keras_lars.distribute import make_strategy
     from keras_lars.lamb import LAMB
     from keras_lars.lars import LARS
-    from keras_lars.layerwise import trust_ratio
     from keras_lars.noise_scale import NoiseScaleMonitor
     from keras_lars.phases import Phase
     from keras_lars.recipes import LarsRecipe
@@ -30,6 +29,7 @@ if not _quiet.holding():
     from keras_lars.recipes import steps_per_epoch
     from keras_lars.scaling import linear_scaling
     from keras_lars.schedules import WarmupPolyDecay
+    from keras_lars.trust import trust_ratio
 
 __version__ = "0.2.0"  # the one place: setup.cfg reads it
 

@@ -7,7 +7,7 @@ from keras import ops
 
 from keras_lars import kernels
 from keras_lars.layerwise import LayerwiseOptimizer
-from keras_lars.layerwise import trust_ratio
+from keras_lars.trust import trust_ratio
 from keras_lars.validation import check_number
 
 
