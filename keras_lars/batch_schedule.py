@@ -26,7 +26,6 @@ import keras
 from keras import ops
 
 from keras_lars.phases import checked_phases
-from keras_lars.phases import parse_phases  # noqa: F401 (keras_lars.batch_schedule.parse_phases)
 from keras_lars.phases import schedule_phases
 from keras_lars.recipes import steps_per_epoch
 from keras_lars.schedules import warmup_poly_decay
