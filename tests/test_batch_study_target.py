@@ -2,7 +2,9 @@
 search, the budget and schedule of a trial, the table, the fit of McCandlish
 et al. and a tiny study end to end with its resume."""
 
+import dataclasses
 import math
+import re
 
 import numpy as np
 import pytest
@@ -10,7 +12,9 @@ import pytest
 from keras_lars.tools import batch_study
 from keras_lars.tools import train
 from keras_lars.tools.batch_study import target_results
+from keras_lars.tools.batch_study import target_runner
 from keras_lars.tools.batch_study import target_search
+from keras_lars.tools.batch_study.cells import cell_key
 from keras_lars.tools.settings import ConfigError
 from tests.test_batch_study import parse
 from tests.test_batch_study import read_csv
@@ -228,3 +232,31 @@ def test_batches_larger_than_the_devices_hold_train_in_micro_batches():
     assert t.key != target_search.trial(parse(*TARGET), "lars", 256, 1.0, 0, 0, 1438).key
     cell = batch_study.cell_config(parse("--max_micro_batch_size=100"), "sgd", 512, 0)
     assert cell.gradient_accumulation_steps == 8
+
+
+def test_a_trial_that_diverges_stops_there_and_is_not_reached(tmp_path, capsys):
+    study = parse(
+        *TARGET,
+        "--model=simple_cnn",
+        "--image_size=8",
+        "--optimizers=nesterov",
+        "--train_examples=512",
+        "--budget_epochs=4",
+        "--min_budget_steps=4",
+        f"--study_dir={tmp_path}",
+    )
+    t = target_search.trial(study, "nesterov", 64, 1e12, 0, 0, 512)  # budget 32 steps
+    assert t.config.stop_on_divergence
+    # Stopping there changes no outcome, so the key is the run's to its budget.
+    on = dataclasses.replace(t.config, stop_on_divergence=False, model_dir=study.study_dir)
+    assert cell_key(on) == t.key
+    record = target_runner.run_trial(t)
+    row = record["row"]
+    assert (row["reached"], row["steps"], row["examples"]) == (False, 32, 32 * 64)
+    out = capsys.readouterr().out
+    assert re.search(rf"^  {re.escape(t.name)}: diverged: .*non-finite", out, re.MULTILINE), out
+    # It stopped in its first epoch: no evaluation after the divergence.
+    assert all(e["step"] < 8 for e in record["evaluations"]), record["evaluations"]
+    assert row["best_val_accuracy"] == max(
+        (e["val_accuracy"] for e in record["evaluations"]), default=0.0
+    )

@@ -27,6 +27,7 @@ from keras_lars.tools.batch_study.target_search import noise_scale_run
 from keras_lars.tools.batch_study.target_search import rule_rate
 from keras_lars.tools.batch_study.target_search import seed_batches
 from keras_lars.tools.batch_study.target_search import trial
+from keras_lars.tools.train.loop import Diverged
 
 TRIALS_FILE = "trials.jsonl"
 
@@ -60,11 +61,25 @@ def trial_row(t, summary, wall):
     }
 
 
+def diverged_summary(t, error):
+    """The summary of Trial `t` that stopped at a non-finite loss (the
+    tool's Diverged `error`): not reached, with what it trained before."""
+    state = error.state
+    target = {"reached": False, "steps": t.config.train_steps}
+    target["examples"] = t.config.train_steps * t.batch_size
+    return {"history": [], **state, "target": target, "evaluations": state.get("evaluations", [])}
+
+
 def run_trial(t):
     """Trains Trial `t` (or resumes it); its store record. Its checkpoints
-    are removed once it is stored; its summary and log stay."""
+    are removed once it is stored; its summary and log stay. A trial that
+    diverges is not reached (its train.log has the step)."""
     started = time.time()
-    summary = train_logged(t.config, "it was stored")
+    try:
+        summary = train_logged(t.config, "it was stored")
+    except Diverged as error:
+        print(f"  {t.name}: diverged: {error}", flush=True)
+        summary = diverged_summary(t, error)
     row = trial_row(t, summary, time.time() - started)
     keras.backend.clear_session()
     gc.collect()

@@ -103,7 +103,14 @@ def trial(study, optimizer, batch_size, centre, rate_step, seed, num_train, micr
             config, gradient_accumulation_steps=micro_batches, noise_scale=True
         )
     key = cell_key(config)
-    config = dataclasses.replace(config, model_dir=f"{study.study_dir}/trials/{optimizer}-{key}")
+    # A trial stops at its first non-finite loss: its weights can no longer
+    # reach the target, so the outcome (not reached, its best accuracy before)
+    # is that of training on to the budget, which the key keeps naming.
+    config = dataclasses.replace(
+        config,
+        model_dir=f"{study.study_dir}/trials/{optimizer}-{key}",
+        stop_on_divergence=True,
+    )
     return Trial(optimizer, batch_size, rate_step, seed, config, key)
 
 

@@ -33,7 +33,12 @@ from keras_lars.tools.train.runtime import runtime_class
 
 
 class Diverged(Exception):
-    """Training stopped at a non-finite loss or variable (DivergenceGuard)."""
+    """Training stopped at a non-finite loss or variable (DivergenceGuard);
+    `state`: what was trained before it (its history and evaluations)."""
+
+    def __init__(self, message, state=None):
+        super().__init__(message)
+        self.state = state or {}
 
 
 @dataclasses.dataclass
@@ -127,7 +132,7 @@ def _train_with_rollbacks(run):
             used = state.get("rollbacks", 0)
             if used >= config.divergence_rollbacks:
                 described = last or "none (no checkpoint yet)"
-                raise Diverged(f"{error}; last good checkpoint: {described}") from None
+                raise Diverged(f"{error}; last good checkpoint: {described}", state) from None
             factor = state.get("rate_factor", 1.0) * config.divergence_rate_factor
             rollback = {"rate_factor": factor, "rollbacks": used + 1}
             print(
