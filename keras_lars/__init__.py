@@ -10,6 +10,8 @@ if _quiet.our_program():  # only when a keras-lars program is the main program
 if not _quiet.holding():
     _environment.check()  # one ImportError for Keras 2 / tf_keras or a Keras below the floor
 
+    import keras
+
     from keras_lars import compat  # Keras/TF workarounds; nothing is patched at import
     from keras_lars import distribute
     from keras_lars.batch_schedule import BatchSchedule
@@ -30,6 +32,9 @@ if not _quiet.holding():
     from keras_lars.scaling import linear_scaling
     from keras_lars.schedules import WarmupPolyDecay
     from keras_lars.trust import trust_ratio
+
+    # recipes.py is plain Python (the tools read it before Keras loads).
+    keras.saving.register_keras_serializable(package="keras_lars")(LarsRecipe)
 
 __version__ = "0.2.0"  # the one place: setup.cfg reads it
 

@@ -1,11 +1,11 @@
-"""Step arithmetic and published large-batch recipes (the linear scaling rule: scaling.py)."""
+"""Step arithmetic and published large-batch recipes (the linear scaling rule:
+scaling.py). Plain Python: the tools read the recipes while they check their
+flags, before Keras loads (keras_lars/__init__.py registers LarsRecipe with
+Keras; learning_rate_schedule imports the schedule)."""
 
 import dataclasses
 import math
 
-import keras
-
-from keras_lars.schedules import WarmupPolyDecay
 from keras_lars.validation import check_bool
 from keras_lars.validation import check_integer
 from keras_lars.validation import check_number
@@ -47,7 +47,6 @@ def epochs_to_steps(epochs, num_examples, global_batch_size, drop_remainder=True
     return math.floor(epochs * per_epoch + 0.5)
 
 
-@keras.saving.register_keras_serializable(package="keras_lars")
 @dataclasses.dataclass(frozen=True)
 class LarsRecipe:
     """Hyperparameters of a LARS training run (rates are absolute, not per 256)."""
@@ -74,6 +73,8 @@ class LarsRecipe:
         `train_epochs` overrides the recipe's; warmup stays at
         `warmup_epochs` (capped at the run's length).
         """
+        from keras_lars.schedules import WarmupPolyDecay
+
         epochs = self.train_epochs if train_epochs is None else train_epochs
         total = epochs_to_steps(epochs, num_examples, self.global_batch_size, drop_remainder)
         warmup = epochs_to_steps(

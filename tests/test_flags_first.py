@@ -118,6 +118,26 @@ def test_a_bad_combination_answers_before_keras_loads():
     assert _heavy(imported) == []
 
 
+def test_a_recipe_is_applied_and_checked_before_keras_loads():
+    # keras_lars.recipes is plain Python: the MLPerf table, then the flag's check.
+    status, _, lines, imported = _run(
+        "keras-lars-train", "keras_lars.tools.train", "--recipe=mlperf", "--base_learning_rate=-1"
+    )
+    assert (status, lines[-1:]) == (1, ["error: --base_learning_rate=-1.0: must be > 0."])
+    assert _heavy(imported) == []
+
+
+def test_the_recipe_is_still_a_registered_keras_object():
+    import keras
+
+    import keras_lars
+
+    recipe = keras_lars.resnet50_lars_recipe(32768)
+    assert keras.saving.get_registered_object("keras_lars>LarsRecipe") is keras_lars.LarsRecipe
+    again = keras.saving.deserialize_keras_object(keras.saving.serialize_keras_object(recipe))
+    assert again == recipe
+
+
 def test_a_held_library_loads_on_its_first_public_name(tmp_path):
     """In our programs (a keras-lars-* script here) keras_lars and
     keras_lars.models wait; their light facts need nothing, a public name

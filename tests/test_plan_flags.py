@@ -61,11 +61,6 @@ def test_help_lists_every_setting():
         assert f"  --{field.name}:" in done.stdout or f"  --[no]{field.name}:" in done.stdout
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="--examples' default, IMAGENET_TRAIN_EXAMPLES, is declared in keras_lars.recipes, "
-    "which imports Keras: tools/plan/config.py loads it before the flags are parsed",
-)
 def test_no_keras_tensorflow_or_jax_before_the_flags_are_good():
     for flag in [flag for flag, _ in BAD] + ["--help"]:
         done = _plan(flag, python_options=("-X", "importtime"))

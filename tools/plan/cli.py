@@ -2,8 +2,7 @@
 the report (report.py), the records table (records_table.py), time to
 accuracy (time_to_accuracy.py) or --layout_out's file; `run` is the console
 script. The flags are parsed and checked before the planner's models are
-imported (and, but for the one import config.py names, before Keras): a bad
-flag or value is one line."""
+imported and before Keras loads: a bad flag or value is one line."""
 
 import os
 import sys
@@ -11,6 +10,7 @@ import sys
 from absl import app
 from absl import flags
 
+from keras_lars import _quiet
 from keras_lars.tools import settings
 from keras_lars.tools.plan.config import PlanSettings
 from keras_lars.tools.settings import ConfigError
@@ -22,6 +22,7 @@ def main(argv):
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
     options = settings.options_from_flags(PlanSettings)
+    _quiet.release()  # the flags are good: Keras, TensorFlow, JAX load now
     if options.records:
         from keras_lars.tools.plan.records_table import records_text
 

@@ -8,9 +8,9 @@ tools/schedule_flags.py."""
 
 import dataclasses
 
-from keras_lars import _quiet
 from keras_lars.models import NAMES
 from keras_lars.models import takes_any_image_size
+from keras_lars.recipes import IMAGENET_TRAIN_EXAMPLES
 from keras_lars.tools import settings
 from keras_lars.tools.plan.cost_models import ALGORITHMS
 from keras_lars.tools.plan.device import DEVICES
@@ -29,12 +29,6 @@ from keras_lars.tools.settings import at_least
 from keras_lars.tools.settings import greater_than
 from keras_lars.tools.settings import setting
 from keras_lars.validation import ALLREDUCE_DTYPES
-
-# The one import that loads Keras before the flags are parsed: --examples' default,
-# ImageNet's training images, is declared in keras_lars.recipes, which imports Keras.
-# Released first (keras_lars/_quiet.py), so that TensorFlow loads quietly.
-_quiet.release()
-from keras_lars.recipes import IMAGENET_TRAIN_EXAMPLES  # noqa: E402
 
 MODELS = (*NAMES, "custom")  # the reference models, or totals given by flags
 DEFAULT_DEVICE = "V100-SXM2-16GB"

@@ -6,12 +6,12 @@ environment; `recipe_line` says which settings --recipe set and which it left
 to the flags given.
 
 Nothing here imports Keras (the tool checks its flags with `config_from_flags`
-before it loads), but --recipe, whose table is keras_lars's.
+before it loads; keras_lars.recipes is plain Python).
 """
 
 import os
 
-import keras_lars
+from keras_lars.recipes import resnet50_lars_recipe
 from keras_lars.tools import settings
 from keras_lars.tools.schedule_flags import first_phase_value
 from keras_lars.tools.settings import ConfigError
@@ -71,7 +71,7 @@ def recipe_settings(recipe, optimizer, global_batch_size):
     """{setting: value} that --recipe sets for the batch ({} for none)."""
     if recipe != "mlperf" or optimizer != "lars":
         return {}
-    table = keras_lars.resnet50_lars_recipe(max(global_batch_size, 1))
+    table = resnet50_lars_recipe(max(global_batch_size, 1))
     return {
         "base_learning_rate": table.peak_learning_rate,
         "lr_scaling": "none",
