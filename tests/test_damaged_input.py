@@ -8,8 +8,8 @@ import time
 
 import pytest
 
+from keras_lars.tools import layout_file
 from keras_lars.tools import storage
-from keras_lars.tools.plan import layout_file
 
 SHAPES = {"fc6/kernel": (256, 4096), "fc6/bias": (4096,), "fc8/kernel": (4096, 10)}
 MESH = {"batch": 4, "model": 2}

@@ -67,7 +67,7 @@ import keras
 
 from keras_lars import compat
 from keras_lars.models import BUILDERS
-from keras_lars.tools.plan import layout_file
+from keras_lars.tools import layout_file
 
 FLOAT_BYTES = 4
 LOSS_SCALARS = 3  # all-reduced every step: the loss's sum and weight, the sample count

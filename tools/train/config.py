@@ -301,7 +301,7 @@ class Config:
     layout: str = setting(
         "",
         "--distribution=model_parallel: a layout file of keras-lars-plan --layout_out (the "
-        "mesh and each variable's sharding; tools/plan/layout_file.py), in place of "
+        "mesh and each variable's sharding; tools/layout_file.py), in place of "
         "--model_axis_size's rule.",
         check=_needs(
             lambda value, c: not value or c.distribution == "model_parallel",
