@@ -76,9 +76,9 @@ def test_default_run_writes_checkpoints_logs_and_summary(finished_run):
 def test_each_model_family_trains_on_generated_tfrecords(records, tmp_path):
     # ResNet-18, 34 and 50 and both AlexNets through the tool; ResNet-101 and
     # 152 are ResNet-50's bottleneck blocks in more repeats, through the same
-    # lookup (train_config.MODELS is models.BUILDERS): test_models builds and
-    # counts them on every pair. Two tool starts fewer.
-    assert train_config.MODELS is models.BUILDERS
+    # lookup (models.BUILDERS[--model], whose names are train_config.MODELS):
+    # test_models builds and counts them on every pair. Two tool starts fewer.
+    assert train_config.MODELS == tuple(models.BUILDERS)
     common = [
         "--dataset=imagenet",
         f"--data_dir={records}",
