@@ -1,5 +1,5 @@
 """The planner's batch and image-size schedules (--batch_schedule,
---image_size_schedule; tools/plan/phases.py): a phase is the plain plan of
+--image_size_schedule; tools/plan/phased_plan.py): a phase is the plain plan of
 its batch, image size and epochs, the run their sum, and a phase that cannot
 run is refused by name."""
 

@@ -16,8 +16,8 @@ One step over p devices, b = B / p images each:
     step = (b + b_half) t_image / u + c_fixed + max(0, allreduce(n) - backward) + input stall
 
 The modules, data flowing one way (cli -> config, report, records_table,
-time_to_accuracy; config -> model_inputs -> phases, step -> device,
-cost_models; report -> pipeline, step; records and calibration are data):
+time_to_accuracy; config -> model_inputs -> phased_plan, step -> device,
+cost_models; report -> pipeline_parallel, step; records and calibration are data):
 
     cost_models  the all-reduce alpha-beta models: ring, tree, halving_doubling,
                  hierarchical, torus2d (formulas and sources in their docstrings)
@@ -26,12 +26,12 @@ cost_models; report -> pipeline, step; records and calibration are data):
     calibration  published and measured per-device throughputs; u, b_half and
                  c_fixed fitted from them
     memory       what a device holds at its batch, and whether it fits
-    phases       a run in phases (--batch_schedule, --image_size_schedule): each
+    phased_plan  a run in phases (--batch_schedule, --image_size_schedule): each
                  phase the plain plan of its batch, image size and epochs, summed
     step         one step, the whole run, the per-layer data- vs model-parallel
                  bytes, the records' predictions (one u, or each device's
                  calibration), ranges and leave-one-out
-    pipeline     GPipe estimates: stages, micro-batches, bubble, memory
+    pipeline_parallel  GPipe estimates: stages, micro-batches, bubble, memory
     collectives  the bytes a (batch, model) layout's collectives move a step, as
                  XLA compiles the training tool's JAX step
     hybrid       the per-layer data/model-parallel choice and its mesh (--layout_out)
@@ -131,13 +131,13 @@ _EXPORTS = {
         "largest_batch",
         "memory_estimate",
     ),
-    "phases": (
+    "phased_plan": (
         "PhasedPlan",
         "PhasePlan",
         "PhaseSpan",
         "phase_spans",
     ),
-    "pipeline": (
+    "pipeline_parallel": (
         "PipelinePlan",
         "bubble_fraction",
         "pipeline_candidates",

@@ -17,7 +17,7 @@ from keras_lars.tools.plan.device import DEVICES
 from keras_lars.tools.plan.device import DTYPE_BYTES
 from keras_lars.tools.plan.model_inputs import DEFAULT_PER_DEVICE_BATCH
 from keras_lars.tools.plan.model_inputs import ModelInputs
-from keras_lars.tools.plan.phases import span_text
+from keras_lars.tools.plan.phased_plan import span_text
 from keras_lars.tools.plan.records import CALIBRATED_UTILIZATION
 from keras_lars.tools.plan.records import CALIBRATION_RECORD
 from keras_lars.tools.plan.target_flags import TargetSettings
@@ -238,7 +238,7 @@ class PlanSettings(TargetSettings, ModelInputs):
         "The global batch by epoch, as keras-lars-train's: phases epoch:global batch, e.g. "
         "0:4096,30:8192 (the first at epoch 0, all before --epochs, each batch a multiple of "
         "--devices); each phase is planned at its batch and the times summed "
-        "(tools/plan/phases.py). Empty: the constant --global_batch_size.",
+        "(tools/plan/phased_plan.py). Empty: the constant --global_batch_size.",
         check=lambda value, config: _schedule_problem(value, config, "batch_schedule"),
     )
     image_size_schedule: str = setting(

@@ -17,9 +17,9 @@ from keras_lars.tools.plan.device import custom_profile
 from keras_lars.tools.plan.device import model_profile
 from keras_lars.tools.plan.memory import largest_batch
 from keras_lars.tools.plan.memory import memory_estimate
-from keras_lars.tools.plan.phases import PhasedPlan
-from keras_lars.tools.plan.phases import PhasePlan
-from keras_lars.tools.plan.phases import phase_spans
+from keras_lars.tools.plan.phased_plan import PhasedPlan
+from keras_lars.tools.plan.phased_plan import PhasePlan
+from keras_lars.tools.plan.phased_plan import phase_spans
 from keras_lars.tools.plan.records import CALIBRATED_UTILIZATION
 from keras_lars.tools.plan.records import CALIBRATION_RECORD
 from keras_lars.tools.schedule_flags import SETS

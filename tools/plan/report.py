@@ -7,7 +7,7 @@ estimate. The records table: records_table.py."""
 from keras_lars.phases import parse_phases
 from keras_lars.tools.plan.cost_models import GB
 from keras_lars.tools.plan.device import DTYPE_BYTES
-from keras_lars.tools.plan.pipeline import pipeline_candidates
+from keras_lars.tools.plan.pipeline_parallel import pipeline_candidates
 from keras_lars.tools.plan.step import layer_choices
 
 
@@ -149,7 +149,7 @@ PHASE_HEADER = (
 
 
 def phased_text(options):
-    """The report of a run in phases (tools/plan/phases.py): assumptions,
+    """The report of a run in phases (tools/plan/phased_plan.py): assumptions,
     model, cluster, the all-reduce, one row a phase, the total."""
     plan = options.phased_plan()
     first = plan.phases[0].run.step

@@ -34,9 +34,9 @@ from keras_lars.tools.plan.device import DTYPE_BYTES
 from keras_lars.tools.plan.device import TRAINING_FLOPS_FACTOR
 from keras_lars.tools.plan.device import LayerProfile
 from keras_lars.tools.plan.device import model_profile
-from keras_lars.tools.plan.phases import PhasedPlan
-from keras_lars.tools.plan.phases import PhasePlan
-from keras_lars.tools.plan.phases import phase_spans
+from keras_lars.tools.plan.phased_plan import PhasedPlan
+from keras_lars.tools.plan.phased_plan import PhasePlan
+from keras_lars.tools.plan.phased_plan import phase_spans
 from keras_lars.tools.plan.records import CALIBRATED_UTILIZATION
 from keras_lars.tools.plan.records import RECORDS
 from keras_lars.tools.plan.records import TOLERANCE
