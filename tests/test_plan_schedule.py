@@ -206,8 +206,8 @@ def test_a_batch_the_devices_do_not_divide_is_refused_by_name():
         ),
         (
             dict(model="alexnet", image_size_schedule="0:128,40:192"),
-            "--image_size_schedule=0:128,40:192: needs a resnet --model (global pooling takes "
-            "any size), not alexnet.",
+            "--image_size_schedule=0:128,40:192: --model=alexnet flattens a feature map of one "
+            "size; use a resnet (global pooling takes any size).",
         ),
         (
             dict(batch_schedule="0:4096", layers=True),

@@ -9,7 +9,6 @@ tools/schedule_flags.py."""
 import dataclasses
 
 from keras_lars.models import NAMES
-from keras_lars.models import takes_any_image_size
 from keras_lars.recipes import IMAGENET_TRAIN_EXAMPLES
 from keras_lars.tools import settings
 from keras_lars.tools.plan.cost_models import ALGORITHMS
@@ -22,8 +21,8 @@ from keras_lars.tools.plan.records import CALIBRATED_UTILIZATION
 from keras_lars.tools.plan.records import CALIBRATION_RECORD
 from keras_lars.tools.plan.target_flags import TargetSettings
 from keras_lars.tools.schedule_flags import SETS
-from keras_lars.tools.schedule_flags import first_phase_value
-from keras_lars.tools.schedule_flags import phases_problem
+from keras_lars.tools.schedule_flags import schedule_settings
+from keras_lars.tools.schedule_flags import take_first_phases
 from keras_lars.tools.settings import ConfigError
 from keras_lars.tools.settings import at_least
 from keras_lars.tools.settings import greater_than
@@ -87,21 +86,20 @@ def _batch(value, config):
     return None
 
 
-def _schedule_problem(value, config, schedule_flag):
-    """--batch_schedule / --image_size_schedule: --epochs given,
-    schedule_flags.phases_problem before --epochs, image sizes >= 7 and, with
-    image sizes, a resnet model (global pooling takes any size)."""
-    if value and not config.epochs:
-        return "needs --epochs > 0 (0: the recipe's epochs, which are for one batch)"
-    problem = phases_problem(value, config, schedule_flag, "epochs", IMAGE_SIZE_CHECK)
-    resizing = value and schedule_flag == "image_size_schedule"
-    if (
-        not problem
-        and resizing
-        and not (config.model in NAMES and takes_any_image_size(config.model))
-    ):
-        return f"needs a resnet --model (global pooling takes any size), not {config.model}"
-    return problem
+def _epochs_given(config):
+    if config.epochs:
+        return None
+    return "needs --epochs > 0 (0: the recipe's epochs, which are for one batch)"
+
+
+_BATCH_SCHEDULE, _IMAGE_SIZE_SCHEDULE = schedule_settings(
+    epochs_flag="epochs",
+    batch_phase="each batch a multiple of --devices, each phase planned at its batch and the "
+    "times summed (tools/plan/phased_plan.py)",
+    size_phase="each phase's compute and activations at its size",
+    size_problem=IMAGE_SIZE_CHECK,
+    counting_problem=_epochs_given,
+)
 
 
 def _one_batch(value, config):
@@ -233,21 +231,8 @@ class PlanSettings(TargetSettings, ModelInputs):
     examples: int = setting(
         IMAGENET_TRAIN_EXAMPLES, "Training examples in one epoch.", check=at_least(1)
     )
-    batch_schedule: str = setting(
-        "",
-        "The global batch by epoch, as keras-lars-train's: phases epoch:global batch, e.g. "
-        "0:4096,30:8192 (the first at epoch 0, all before --epochs, each batch a multiple of "
-        "--devices); each phase is planned at its batch and the times summed "
-        "(tools/plan/phased_plan.py). Empty: the constant --global_batch_size.",
-        check=lambda value, config: _schedule_problem(value, config, "batch_schedule"),
-    )
-    image_size_schedule: str = setting(
-        "",
-        "Progressive resizing, as keras-lars-train's: phases epoch:image side, e.g. "
-        "0:128,40:192,80:224 (resnet models); each phase's compute and activations at its "
-        "size. Empty: the constant --image_size.",
-        check=lambda value, config: _schedule_problem(value, config, "image_size_schedule"),
-    )
+    batch_schedule: str = _BATCH_SCHEDULE
+    image_size_schedule: str = _IMAGE_SIZE_SCHEDULE
     layers: bool = setting(
         False,
         "Print the per-layer data- vs model-parallel report and the pipeline estimate.",
@@ -263,11 +248,7 @@ class PlanSettings(TargetSettings, ModelInputs):
     )
 
     def __post_init__(self):
-        defaults = type(self).__dataclass_fields__
-        for schedule, flag in SETS.items():  # at its default, the first phase's value
-            value = getattr(self, flag)
-            value = first_phase_value(getattr(self, schedule), value, defaults[flag].default)
-            object.__setattr__(self, flag, value)
+        take_first_phases(self)
         settings.check(self)
         if not self.global_batch_size and not self.default_per_device_batch():
             raise ConfigError(

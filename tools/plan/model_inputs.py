@@ -23,6 +23,7 @@ from keras_lars.tools.plan.phased_plan import phase_spans
 from keras_lars.tools.plan.records import CALIBRATED_UTILIZATION
 from keras_lars.tools.plan.records import CALIBRATION_RECORD
 from keras_lars.tools.schedule_flags import SETS
+from keras_lars.tools.schedule_flags import batch_schedule
 
 DEFAULT_PER_DEVICE_BATCH = 128  # or the largest power of two that fits, if smaller
 
@@ -147,13 +148,7 @@ class ModelInputs:
     def schedule(self):
         """keras_lars.BatchSchedule of --batch_schedule and
         --image_size_schedule (None: neither)."""
-        if not self.schedule_flags():
-            return None
-        from keras_lars import BatchSchedule
-
-        return BatchSchedule.parse(
-            self.batch_schedule or f"0:{self.batch}", self.image_size_schedule or None
-        )
+        return batch_schedule(self, self.batch)
 
     def phase_spans(self):
         return phase_spans(self.schedule(), self.epochs, self.image_size)

@@ -13,14 +13,13 @@ import dataclasses
 import math
 import os
 
-import keras_lars
 from keras_lars import models
 from keras_lars.scaling import linear_scaling
 from keras_lars.tools import settings
 from keras_lars.tools.datasets import DATASETS
-from keras_lars.tools.schedule_flags import SETS
-from keras_lars.tools.schedule_flags import first_phase_value
-from keras_lars.tools.schedule_flags import phases_problem
+from keras_lars.tools.schedule_flags import batch_schedule
+from keras_lars.tools.schedule_flags import schedule_settings
+from keras_lars.tools.schedule_flags import take_first_phases
 from keras_lars.tools.settings import ConfigError
 from keras_lars.tools.settings import at_least
 from keras_lars.tools.settings import between
@@ -107,17 +106,20 @@ def _end_rate(value, config):
     return problem
 
 
-def _schedule_problem(value, config, schedule_flag):
-    """--batch_schedule / --image_size_schedule: counted in epochs (not
-    --train_steps), schedule_flags.phases_problem before --train_epochs, image
-    sizes in [8, 4096] and, with image sizes, a model that takes any size."""
-    if value and config.train_steps:
+def _counted_in_epochs(config):
+    if config.train_steps:
         return "counts epochs: leave --train_steps at 0 and give --train_epochs"
-    problem = phases_problem(value, config, schedule_flag, "train_epochs", between(8, 4096))
-    resizing = value and schedule_flag == "image_size_schedule"
-    if not problem and resizing and not models.takes_any_image_size(config.model):
-        return f"--model={config.model} flattens a feature map of one size; use a resnet"
-    return problem
+    return None
+
+
+_BATCH_SCHEDULE, _IMAGE_SIZE_SCHEDULE = schedule_settings(
+    epochs_flag="train_epochs",
+    batch_phase="each phase feeds its own batches to its own compiled step and the rate "
+    "follows the epochs done (keras_lars.EpochWarmupPolyDecay)",
+    size_phase="each phase reads its images at its size",
+    size_problem=between(8, 4096),
+    counting_problem=_counted_in_epochs,
+)
 
 
 def _cluster_check(value, config):
@@ -165,21 +167,8 @@ class Config:
         "--gradient_accumulation_steps (keras_lars.NoiseScaleMonitor): noise_scale, "
         "noise_scale_gradient_sq and noise_scale_trace in the history and TensorBoard.",
     )
-    batch_schedule: str = setting(
-        "",
-        "Batch-size control: phases epoch:global batch, e.g. 0:64,2:128 (the first at epoch 0, "
-        "all before --train_epochs); each phase feeds its own batches to its own compiled step "
-        "and the rate follows the epochs done (keras_lars.EpochWarmupPolyDecay). "
-        "Empty: the constant --global_batch_size.",
-        check=lambda value, c: _schedule_problem(value, c, "batch_schedule"),
-    )
-    image_size_schedule: str = setting(
-        "",
-        "Progressive resizing: phases epoch:image side, e.g. 0:16,2:32 (the first at epoch 0, "
-        "all before --train_epochs; resnet models); each phase reads its images at its size. "
-        "Empty: the constant --image_size.",
-        check=lambda value, c: _schedule_problem(value, c, "image_size_schedule"),
-    )
+    batch_schedule: str = _BATCH_SCHEDULE
+    image_size_schedule: str = _IMAGE_SIZE_SCHEDULE
     batch_coupling: str = setting(
         "grow",
         "With --batch_schedule, the rate where the batch changes: grow: the curve of the "
@@ -524,11 +513,7 @@ class Config:
     )
 
     def __post_init__(self):
-        defaults = type(self).__dataclass_fields__
-        for schedule, flag in SETS.items():  # at its default, the first phase's value
-            value = getattr(self, flag)
-            value = first_phase_value(getattr(self, schedule), value, defaults[flag].default)
-            object.__setattr__(self, flag, value)
+        take_first_phases(self)
         if self.backend is None:
             object.__setattr__(self, "backend", settings.keras_backend())
         if self.image_size == 0 and self.dataset in DATASETS:
@@ -545,11 +530,7 @@ class Config:
     def batch_phases(self):
         """The keras_lars.BatchSchedule of --batch_schedule and
         --image_size_schedule, or None when neither is given."""
-        if not (self.batch_schedule or self.image_size_schedule):
-            return None
-        return keras_lars.BatchSchedule.parse(
-            self.batch_schedule or f"0:{self.global_batch_size}", self.image_size_schedule or None
-        )
+        return batch_schedule(self, self.global_batch_size)
 
     @property
     def micro_batch_size(self):
