@@ -290,7 +290,7 @@ def test_a_refusal_with_the_secret_set_holds_nothing_of_the_run(monkeypatch):
     settings = {"--data_dir": "/secret/data", "--model_dir": "/secret/run"}
     tasks = _processes(2, port)
     chief, outcome = _in_thread(
-        _meet, ("process", 0), tasks, port, 5, settings=settings, log=lambda line: None
+        _meet, ("process", 0), tasks, port, settings=settings, log=lambda line: None
     )
     _wait_until(lambda: rendezvous.accepts_connections(f"localhost:{port}"))
     client = _Client(port)
@@ -300,25 +300,30 @@ def test_a_refusal_with_the_secret_set_holds_nothing_of_the_run(monkeypatch):
     assert json.loads(refusal) == _refusal("a wrong proof (another run, or another secret)")
     assert b"/secret" not in refusal + client.received
     client.close()
+    assert _meet(("process", 1), tasks, port, settings=settings) == 1  # the run goes on
     chief.join()
-    assert isinstance(outcome[0], TimeoutError)
+    assert outcome == [1]
 
 
 def test_a_hello_answers_one_challenge_only(monkeypatch):
     """A hello copied off the wire is refused on another connection."""
     monkeypatch.setenv(rendezvous.SECRET_VARIABLE, "the run's secret")
     (port,) = free_ports(1)
+    key = b"the run's secret"
     tasks, lines = _processes(3, port), []
-    chief, _ = _in_thread(_meet, ("process", 0), tasks, port, 5, log=lines.append)
+    chief, outcome = _in_thread(_meet, ("process", 0), tasks, port, log=lines.append)
     _listening(port, lines)
     first, second = _Client(port), _Client(port)
-    nonces = first.hello(["process", 1], b"the run's secret")
+    nonces = first.hello(["process", 1], key)
     assert json.loads(first.answer())["status"] == "waiting"
-    second.hello(["process", 2], b"the run's secret", nonces=nonces)  # first's challenge
+    second.hello(["process", 2], key, nonces=nonces)  # first's challenge
     assert json.loads(second.answer()) == _refusal("a wrong proof (another run, or another secret)")
+    first.send(messages._Hello(None, {}, None).signed(key, nonces, status="settings", settings={}))
+    assert _meet(("process", 2), tasks, port) == 2  # the real process 2 still gets in
+    chief.join()
+    assert outcome == [2] and json.loads(first.answer())["status"] == "go"
     for client in (first, second):
         client.close()
-    chief.join()
 
 
 @pytest.mark.parametrize("where", [None, "ram://keras_lars_test/run"])
@@ -353,7 +358,7 @@ def test_a_task_without_the_chiefs_kind_of_secret_stops_with_one_line(monkeypatc
     (port,) = free_ports(1)
     tasks = _processes(2, port)
     lines = []
-    chief, _ = _in_thread(_meet, ("process", 0), tasks, port, 3, log=lines.append)
+    chief, outcome = _in_thread(_meet, ("process", 0), tasks, port, log=lines.append)
     _wait_until(lambda: lines)  # its warning: the chief has chosen its key
     monkeypatch.setenv(rendezvous.SECRET_VARIABLE, "only this task's")
     with pytest.raises(rendezvous.HandshakeError) as error:
@@ -362,20 +367,25 @@ def test_a_task_without_the_chiefs_kind_of_secret_stops_with_one_line(monkeypatc
         f"process 0 at localhost:{port} proves with no secret, this task with "
         "$KERAS_LARS_RUN_SECRET: set $KERAS_LARS_RUN_SECRET on every task or on none"
     )
+    monkeypatch.delenv(rendezvous.SECRET_VARIABLE)
+    assert _meet(("process", 1), tasks, port) == 1  # as the chief, without a secret
     chief.join()
+    assert outcome == [1]
 
 
 def test_a_refused_client_hears_why():
     (port,) = free_ports(1)
     tasks = _processes(2, port)
-    chief, _ = _in_thread(_meet, ("process", 0), tasks, port, 5, log=lambda line: None)
+    chief, outcome = _in_thread(_meet, ("process", 0), tasks, port, log=lambda line: None)
     with pytest.raises(
         rendezvous.HandshakeError,
         match=rf"^process 0 at localhost:{port} refused process 5: process 5 is not a task "
         r"of this run \(process 0, process 1\)$",
     ):
         _meet(("process", 5), {**tasks, ("process", 5): "process 5"}, port)
+    assert _meet(("process", 1), tasks, port) == 1
     chief.join()
+    assert outcome == [1]
 
 
 def test_idle_connections_do_not_keep_the_peer_out():
@@ -397,10 +407,8 @@ def test_idle_connections_do_not_keep_the_peer_out():
 def test_a_connection_without_a_hello_is_dropped_after_its_time(monkeypatch):
     monkeypatch.setattr(messages, "HELLO_SECONDS", 0.5)
     (port,) = free_ports(1)
-    lines = []
-    chief, outcome = _in_thread(
-        _meet, ("process", 0), _processes(2, port), port, 3, log=lines.append
-    )
+    tasks, lines = _processes(2, port), []
+    chief, outcome = _in_thread(_meet, ("process", 0), tasks, port, log=lines.append)
     _listening(port, lines)
     idle, endless = _client(port, b""), _client(port, b"x" * (rendezvous.MAX_LINE + 10))
     _wait_until(lambda: len(lines) >= 2)
@@ -411,20 +419,22 @@ def test_a_connection_without_a_hello_is_dropped_after_its_time(monkeypatch):
     for sock in (idle, endless):  # the challenge, then closed by the chief
         assert json.loads(sock.makefile("rb").readline())["protocol"] == rendezvous.PROTOCOL
         assert sock.recv(10) == b""
+    assert _meet(("process", 1), tasks, port) == 1
     chief.join()
-    assert isinstance(outcome[0], TimeoutError)
+    assert outcome == [1]
 
 
 def test_the_chief_listens_on_its_own_address_only():
     """Not on every interface: 127.0.0.2 (loopback too, on Linux) stays free."""
     (port,) = free_ports(1)
-    chief, _ = _in_thread(
-        rendezvous.meet, ("process", 0), _processes(2, port), f"127.0.0.1:{port}", 3
-    )
-    _wait_until(lambda: rendezvous.accepts_connections(f"127.0.0.1:{port}"))
+    tasks, address = _processes(2, port), f"127.0.0.1:{port}"
+    chief, outcome = _in_thread(rendezvous.meet, ("process", 0), tasks, address, 60)
+    _wait_until(lambda: rendezvous.accepts_connections(address))
     with socket.socket() as other:
         other.bind(("127.0.0.2", port))  # OSError (in use) if the chief held 0.0.0.0
+    assert rendezvous.meet(("process", 1), tasks, address, 60) == 1
     chief.join()
+    assert outcome == [1]
 
 
 @pytest.mark.parametrize(
@@ -537,16 +547,17 @@ def _tf_config(monkeypatch, ports, index):
 def test_a_silent_program_on_the_chiefs_address_is_named(monkeypatch):
     """Before, accepting a connection counted as "started": the wait passed
     and TensorFlow's start hung."""
+    monkeypatch.setattr(messages, "HELLO_SECONDS", 0.5)
     ports = free_ports(2)
     _tf_config(monkeypatch, ports, 1)
     listener = _Listener(ports[0])
     try:
         with pytest.raises(TimeoutError) as late:
-            keras_lars.distribute.wait_for_workers(7)
+            keras_lars.distribute.wait_for_workers(2)
     finally:
         listener.close()
     assert str(late.value) == (
-        f"worker 0 (localhost:{ports[0]}) did not start within 7 s; localhost:{ports[0]} "
+        f"worker 0 (localhost:{ports[0]}) did not start within 2 s; localhost:{ports[0]} "
         "accepts connections but does not answer a hello (another program listening there?)"
     )
 
@@ -586,8 +597,8 @@ def test_a_chief_of_another_cluster_is_not_joined(monkeypatch):
     ports = free_ports(3)
     other = {"worker": [f"localhost:{ports[0]}", f"localhost:{ports[2]}"]}
     tasks = {("worker", 0): "worker 0", ("worker", 1): "worker 1"}
-    chief, _ = _in_thread(
-        _meet, ("worker", 0), tasks, ports[0], 3, run={"cluster": other}, log=lambda line: None
+    chief, outcome = _in_thread(
+        _meet, ("worker", 0), tasks, ports[0], run={"cluster": other}, log=lambda line: None
     )
     _tf_config(monkeypatch, ports[:2], 1)
     with pytest.raises(
@@ -596,7 +607,9 @@ def test_a_chief_of_another_cluster_is_not_joined(monkeypatch):
         r"run, or another secret\)$",
     ):
         keras_lars.distribute.wait_for_workers(60)
+    assert _meet(("worker", 1), tasks, ports[0], run={"cluster": other}) == 1  # its own worker
     chief.join()
+    assert outcome == [1]
 
 
 # --- the tool: TensorFlow's start, bounded -------------------------------------------

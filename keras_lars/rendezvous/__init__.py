@@ -37,7 +37,7 @@ connection or direction passes for another. The key (`key` in the challenge):
 The chief listens on its own address only (that host, not every interface;
 `listen_host` says where a name resolves to loopback only), serves every
 connection at once (a connection that sends no hello, or no settings, within
-HELLO_SECONDS, or more than MAX_LINE bytes, is dropped), admits only a
+messages.HELLO_SECONDS, or more than MAX_LINE bytes, is dropped), admits only a
 well-formed hello with a valid proof from a task not yet seen, logging one line
 for each ("admitted {task} from {address}"); anything else is logged once
 (who, why) and answered "refused" with the reason where it speaks the protocol.
@@ -66,7 +66,6 @@ from keras_lars.rendezvous.chief import _gather
 from keras_lars.rendezvous.clock import _Clock
 from keras_lars.rendezvous.key import SECRET_PREFIX
 from keras_lars.rendezvous.key import SECRET_VARIABLE
-from keras_lars.rendezvous.messages import HELLO_SECONDS
 from keras_lars.rendezvous.messages import MAX_LINE
 from keras_lars.rendezvous.messages import PROTOCOL
 from keras_lars.rendezvous.messages import WRONG_PROOF
@@ -87,7 +86,6 @@ __all__ = [
     "SECRET_VARIABLE",
     "SECRET_PREFIX",
     "MAX_LINE",
-    "HELLO_SECONDS",
     "MAX_PENDING",
     "WRONG_PROOF",
 ]
