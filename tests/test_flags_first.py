@@ -88,7 +88,27 @@ def test_the_import_lines_are_read():
 def test_a_bad_flag_answers_before_keras_loads(script, module, bad_value, line, flag):
     status, _, lines, imported = _run(script, module, "--no_such_flag")
     assert status == 1
-    assert lines[0] == "FATAL Flags parsing error: Unknown command line flag 'no_such_flag'"
+    assert lines == ["error: Unknown command line flag 'no_such_flag'."]
+    assert _heavy(imported) == []
+
+
+@pytest.mark.parametrize(
+    "value, line",
+    [
+        (
+            "--optimizer=adamw",
+            "error: flag --optimizer=adamw: value should be one of <lars|lamb|sgd|nesterov>.",
+        ),
+        (
+            "--global_batch_size=many",
+            "error: flag --global_batch_size=many: invalid literal for int() with base 10: 'many'.",
+        ),
+    ],
+)
+def test_a_value_absl_refuses_is_one_line_too(value, line):
+    """Not absl's "FATAL Flags parsing error" and its hint: the settings' form."""
+    status, _, lines, imported = _run("keras-lars-train", "keras_lars.tools.train", value)
+    assert (status, lines) == (1, [line])
     assert _heavy(imported) == []
 
 

@@ -281,7 +281,7 @@ def test_bad_input_is_one_line_naming_the_flag_or_file(finished_run, tmp_path):
         lines = [
             line
             for line in process.stderr.splitlines()
-            if line.startswith(("error:", "FATAL Flags parsing error:"))
+            if line.startswith("error:")
         ]
         assert len(lines) == 1, (args, process.stderr[-3000:])
         assert culprit in lines[0] and detail in lines[0], (args, lines[0])

@@ -287,7 +287,7 @@ def main(argv):
 def run(argv=None):
     """The keras-lars-make-tfrecords entry point."""
     settings.define_flags(ConversionSettings)
-    app.run(main, argv)
+    app.run(main, argv, flags_parser=settings.parse_flags)
 
 
 if __name__ == "__main__":

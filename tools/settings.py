@@ -173,6 +173,17 @@ def define_flags(schema, flag_values=flags.FLAGS, exclude=(), defaults=None):
             flags.DEFINE_string(field.name, default, text, **keywords)
 
 
+def parse_flags(argv, flag_values=flags.FLAGS):
+    """absl's parse as every console script's `flags_parser`: a flag absl
+    does not know or a value it refuses (not among the choices, not a number)
+    ends the program in one line `error: ...`, as the settings' checks do,
+    not in absl's FATAL line and its hint."""
+    try:
+        return flag_values(argv)
+    except flags.Error as error:
+        sys.exit(f"error: {str(error).rstrip('.')}.")
+
+
 def from_flags(schema, flag_values=flags.FLAGS, exclude=()):
     """({name: value} of the parsed flags of `schema`, {names given on the
     command line}); lists become tuples."""

@@ -77,4 +77,4 @@ def main(argv):
 def run(argv=None):
     """The keras-lars-study entry point."""
     define_flags()
-    app.run(main, argv)
+    app.run(main, argv, flags_parser=settings.parse_flags)

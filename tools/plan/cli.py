@@ -8,7 +8,6 @@ import os
 import sys
 
 from absl import app
-from absl import flags
 
 from keras_lars import _quiet
 from keras_lars.tools import settings
@@ -114,18 +113,7 @@ def _check_writable(path):
         raise ConfigError(f"--layout_out={path}: cannot write in {folder}.")
 
 
-def parse_flags(argv, flag_values=flags.FLAGS):
-    """absl's parse, but a value absl refuses (a --model or --device not in
-    its choices, a number that is not one) ends the program in one line
-    `error: flag --name=value: why.`, as the settings' checks do, not in
-    absl's FATAL and the usage of every flag."""
-    try:
-        return flag_values(argv)
-    except flags.Error as error:
-        sys.exit(f"error: {str(error).rstrip('.')}.")
-
-
 def run(argv=None):
     """The keras-lars-plan entry point."""
     settings.define_flags(PlanSettings)
-    app.run(main, argv, flags_parser=parse_flags)
+    app.run(main, argv, flags_parser=settings.parse_flags)

@@ -136,4 +136,4 @@ def main(argv):
 def run(argv=None):
     """Defines the flags and runs `main`."""
     settings.define_flags(Config)
-    app.run(main, argv)
+    app.run(main, argv, flags_parser=settings.parse_flags)
