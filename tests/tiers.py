@@ -290,6 +290,14 @@ VERSION_INDEPENDENT = {
     "test_rendezvous.py": "the hello protocol is sockets and JSON before TensorFlow or JAX "
     "start; the real multi-worker runs of test_launchers, test_train_cluster and "
     "test_elastic_resume cross it on every pair",
+    "test_disagreeing_processes.py": "the settings the hello carries and their comparison "
+    "(Python), before TensorFlow or JAX start (split from test_rendezvous); the real "
+    "multi-worker runs of test_launchers, test_train_cluster and test_elastic_resume cross "
+    "it on every pair",
+    "test_worker_start.py": "the hello protocol's foreign listeners and the tool's bound on "
+    "its start (sockets, signals and a watchdog; split from test_rendezvous); the real "
+    "multi-worker runs of test_launchers, test_train_cluster and test_elastic_resume start "
+    "TensorFlow's and JAX's workers on every pair",
     "test_batch_study.py": "the study's cells, store, tables and plots over the training "
     "tool, whose paths the test_train_* modules and test_batch_schedule_tool run on every pair",
     "test_batch_study_target.py": "the steps-to-target search, fit and tables over the "
