@@ -95,3 +95,13 @@ def compat_left_as_found():
     before = compat.applied()
     yield
     compat.unapply([name for name in compat.applied() if name not in before])
+
+
+@pytest.fixture
+def restore_compat():
+    """Leaves keras_lars.compat as the test found it (test_compat.py and
+    test_version_gates.py install every workaround on top of it)."""
+    before = compat.applied()
+    yield
+    compat.unapply([name for name in compat.applied() if name not in before])
+    compat.apply(before)

@@ -1,16 +1,11 @@
-"""keras_lars.compat: batch-norm moving statistics under several replicas
-(`mean_batch_norm_statistics`) and the step count at the end of a dataset
-of unknown cardinality (`iterations_after_data`), each shown failing on
-Keras's own code. MirroredStrategy runs on the two logical CPUs of
-conftest.py."""
-
-import json
-import logging
-import os
-import re
-import subprocess
-import sys
-import warnings
+"""keras_lars.compat's workarounds at work, each shown failing on Keras's own
+code: batch-norm moving statistics under several replicas
+(`mean_batch_norm_statistics`), the synchronized batch norm's variance
+(`sync_batch_norm_variance`), the step count at the end of a dataset of unknown
+cardinality (`iterations_after_data`), `distributed_datasets_from_function`
+and `on_read_metric_variables`; and each undone exactly. MirroredStrategy runs
+on the two logical CPUs of conftest.py. Where a workaround is installed at all
+(versions, shapes, the environment) is tests/test_version_gates.py."""
 
 import keras
 import numpy as np
@@ -20,22 +15,19 @@ import tensorflow as tf
 import keras_lars
 from keras_lars import compat
 from keras_lars.compat import _registry
-
-CPUS = ["/cpu:0", "/cpu:1"]
+from tests.compat_models import CPUS
+from tests.compat_models import MOMENTUM
+from tests.compat_models import bn_model
 
 
 @pytest.fixture
-def restore_compat():
-    """Installs every workaround; leaves keras_lars.compat as found."""
-    before = compat.applied()
+def restore_compat(restore_compat):
+    """Installs every workaround; conftest.py's fixture of this name leaves
+    keras_lars.compat as found."""
     compat.apply()
-    yield
-    compat.unapply([name for name in compat.applied() if name not in before])
-    compat.apply(before)
 
 
 # --- mean_batch_norm_statistics ----------------------------------------------
-MOMENTUM = 0.5
 EPOCHS = 2
 STEPS = 4  # per epoch
 LOCAL_BATCH = 8  # per replica; the global batch is 16
@@ -63,30 +55,10 @@ def _reference_statistics(x_replica):
     return mean, variance
 
 
-def _bn_model(synchronized=False):
-    """Batch norm on the inputs (its statistics then depend on the data
-    only), then a small convolutional classifier."""
-    keras.utils.set_random_seed(0)
-    model = keras.Sequential(
-        [
-            keras.Input((6, 6, 2)),
-            keras.layers.BatchNormalization(momentum=MOMENTUM, synchronized=synchronized),
-            keras.layers.Conv2D(3, 3),
-            keras.layers.GlobalAveragePooling2D(),
-            keras.layers.Dense(2),
-        ]
-    )
-    model.compile(
-        optimizer=keras.optimizers.SGD(0.1),
-        loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
-    )
-    return model
-
-
 def _fit_mirrored(strategy):
     _, global_batches, y = _replica_data()
     with strategy.scope():
-        model = _bn_model()
+        model = bn_model()
     dataset = tf.data.Dataset.from_tensor_slices((global_batches, y)).batch(2 * LOCAL_BATCH)
     model.fit(dataset, epochs=EPOCHS, shuffle=False, verbose=0)
     return model, dataset
@@ -129,14 +101,14 @@ def test_batch_norm_statistics_are_the_mean_of_the_replicas(restore_compat, tmp_
     model.save_weights(tmp_path / "bn.weights.h5")
     model.save(tmp_path / "bn.keras")
     checkpoint = tf.train.Checkpoint(model=model).save(str(tmp_path / "ckpt"))
-    single = _bn_model()
+    single = bn_model()
     single.load_weights(tmp_path / "bn.weights.h5")
     loaded = keras.saving.load_model(tmp_path / "bn.keras")
     for restored in (single, loaded):
         for a, b in zip(restored.get_weights(), saved):
             np.testing.assert_array_equal(a, b)
     with strategy.scope():
-        restored = _bn_model()
+        restored = bn_model()
     tf.train.Checkpoint(model=restored).restore(checkpoint).expect_partial()
     for copy in _copies(strategy, restored.layers[0].moving_mean):
         np.testing.assert_array_equal(copy, saved[2])
@@ -151,7 +123,7 @@ def test_batch_norm_statistics_are_the_mean_of_the_replicas(restore_compat, tmp_
 
 def test_batch_norm_patch_leaves_synchronized_and_single_replica_layers_alone(restore_compat):
     with tf.distribute.MirroredStrategy(CPUS).scope():
-        synchronized = _bn_model(synchronized=True).layers[0].moving_mean
+        synchronized = bn_model(synchronized=True).layers[0].moving_mean
     assert isinstance(synchronized.value, tf.distribute.DistributedValues)
     assert synchronized.value.synchronization != tf.VariableSynchronization.ON_READ
     assert synchronized.aggregation == "none"
@@ -159,7 +131,7 @@ def test_batch_norm_patch_leaves_synchronized_and_single_replica_layers_alone(re
     _, global_batches, y = _replica_data()
 
     def fit_one_device():
-        model = _bn_model()
+        model = bn_model()
         model.fit(global_batches, y, batch_size=16, epochs=EPOCHS, shuffle=False, verbose=0)
         return model
 
@@ -359,251 +331,6 @@ def test_the_workarounds_are_undone_exactly():
         ) == originals
 
 
-# --- version and shape gates -------------------------------------------------
-def test_every_workaround_is_verified_for_the_installed_versions():
-    """Runs on every pair of the matrix: each needed workaround's target has
-    the shape its patch was written for, inside its verified versions."""
-    for workaround in compat.WORKAROUNDS:
-        if workaround.needed():
-            assert workaround.problem() is None, (workaround.name, workaround.problem())
-    fixed = [w.name for w in compat.WORKAROUNDS if w.fixed_in is not None]
-    assert fixed == ["distributed_datasets_from_function", "on_read_metric_variables"]
-    assert all(w.needed() for w in compat.WORKAROUNDS if w.fixed_in is None)
-
-
-@pytest.fixture
-def fresh_compat(monkeypatch, restore_compat):
-    """Keras's own code, and no memory of earlier warnings or logs."""
-    with compat.unpatched():
-        monkeypatch.setattr(_registry, "_UNAVAILABLE", {})
-        monkeypatch.setattr(_registry, "_LOGGED", set())
-        yield
-
-
-def _replace(monkeypatch, name, **changes):
-    import dataclasses
-
-    workarounds = tuple(
-        dataclasses.replace(w, **changes) if w.name == name else w for w in compat.WORKAROUNDS
-    )
-    monkeypatch.setattr(_registry, "WORKAROUNDS", workarounds)
-    monkeypatch.setattr(_registry, "_BY_NAME", {w.name: w for w in workarounds})
-
-
-def test_outside_the_verified_versions_nothing_is_patched(monkeypatch, fresh_compat):
-    from keras.src.backend.tensorflow.trainer import TensorFlowTrainer
-
-    original = TensorFlowTrainer._make_function
-    _replace(monkeypatch, "steps_per_execution_loop", verified=((3, 0), (3, 1)))
-    with pytest.warns(
-        compat.CompatWarning,
-        match=r"not installing `steps_per_execution_loop` \(keras#19246\): "
-        rf"Keras {keras.__version__} is outside the versions it was "
-        r"verified on \(3\.0 to 3\.1\)",
-    ):
-        installed = compat.apply()
-    assert "steps_per_execution_loop" not in installed
-    assert "symbolic_build_batch" in installed  # the others still are
-    assert TensorFlowTrainer._make_function is original
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")  # warned once only
-        compat.apply()
-    with pytest.raises(
-        compat.UnsupportedVersionError,
-        match=r"^--steps_per_execution=4 under 2 replicas needs keras_lars\.compat's "
-        r"`steps_per_execution_loop` workaround \(keras#19246\), which cannot "
-        r"be installed here: Keras .* Use Keras 3\.0 to 3\.1\.$",
-    ):
-        compat.require("steps_per_execution_loop", "--steps_per_execution=4 under 2 replicas")
-
-
-def test_a_changed_target_is_not_patched_and_the_feature_refuses(monkeypatch, fresh_compat):
-    """A Keras whose _maybe_symbolic_build has another signature: no patch,
-    and make_strategy("multi_worker") refuses before building anything."""
-    from keras.src.backend.tensorflow.trainer import TensorFlowTrainer
-
-    def changed(self, iterator=None, data_batch=None, extra=None):
-        raise AssertionError("never called")
-
-    monkeypatch.setattr(TensorFlowTrainer, "_maybe_symbolic_build", changed)
-    workaround = _registry._BY_NAME["symbolic_build_batch"]
-    assert workaround.problem() == (
-        f"its target changed in Keras {keras.__version__}: TensorFlowTrainer._maybe_symbolic_build "
-        "takes (self, iterator, data_batch, extra), expected (self, iterator, data_batch)"
-    )
-    monkeypatch.setenv(
-        "TF_CONFIG",
-        json.dumps(
-            {
-                "cluster": {"worker": ["localhost:1", "localhost:2"]},
-                "task": {"type": "worker", "index": 0},
-            }
-        ),
-    )
-    with pytest.warns(compat.CompatWarning, match="not installing `symbolic_build_batch`"):
-        with pytest.raises(
-            compat.UnsupportedVersionError,
-            match=r"model\.fit under MultiWorkerMirroredStrategy needs "
-            r"keras_lars\.compat's `symbolic_build_batch`.*takes \(self, "
-            r"iterator, data_batch, extra\)",
-        ):
-            keras_lars.make_strategy("multi_worker")
-    assert TensorFlowTrainer._maybe_symbolic_build is changed
-    assert "symbolic_build_batch" not in compat.applied()
-
-
-def test_an_unexpected_epoch_iterator_is_a_clear_error(restore_compat):
-    """The iterator check at run time: an item that is neither (step,
-    batches) nor (begin, end, batches) is named, not unpacked."""
-    with compat.unpatched(), compat.patched(["symbolic_build_batch"]):
-        with tf.distribute.MirroredStrategy(CPUS).scope():
-            model = _bn_model()
-        with pytest.raises(
-            compat.UnsupportedVersionError,
-            match=r"`symbolic_build_batch` expected Keras's epoch iterator to "
-            r"yield \(step, batches\) or \(begin, end, batches\), got list",
-        ):
-            model._maybe_symbolic_build(iterator=iter([[0, 1, 2, 3]]))
-
-
-def test_a_workaround_is_not_installed_where_its_symptom_is_absent(monkeypatch, fresh_compat):
-    from keras.src.backend.tensorflow import trainer
-
-    original = trainer.reduce_per_replica
-    installed_version = tuple(int(p) for p in keras.__version__.split(".")[:2])
-    _replace(monkeypatch, "multi_worker_metrics", fixed_in=installed_version)
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")  # not needed: no warning either
-        assert "multi_worker_metrics" not in compat.apply()
-    assert trainer.reduce_per_replica is original
-    compat.require("multi_worker_metrics", "anything")  # nothing needed, nothing refused
-
-
-def test_behaviour_changes_can_be_left_out(fresh_compat):
-    installed = compat.apply(behaviour_changes=False)
-    assert installed == tuple(
-        w.name for w in compat.WORKAROUNDS if w.kind == "crash" and w.needed()
-    )
-    assert {
-        "symbolic_build_batch",
-        "multi_worker_metrics",
-        "steps_per_execution_loop",
-        "distinct_collective_keys",
-    } <= set(installed)
-    assert keras.layers.BatchNormalization.build.__module__.startswith("keras.")
-    with pytest.raises(compat.UnsupportedVersionError, match=r"call keras_lars\.compat\.apply\(\)"):
-        compat.require("mean_batch_norm_statistics", "the tool")
-
-
-def test_installing_is_logged_once_by_name(caplog, fresh_compat):
-    with caplog.at_level(logging.INFO, logger="keras_lars"):
-        compat.apply(["steps_per_execution_loop"])
-        compat.unapply()
-        compat.apply(["steps_per_execution_loop"])
-    messages = [r.getMessage() for r in caplog.records if r.name == "keras_lars"]
-    assert messages == [
-        "keras_lars.compat installed `steps_per_execution_loop` (crash fix, keras#19246)"
-    ]
-
-
-def test_the_registry_table_lists_every_workaround():
-    table = compat.table().splitlines()
-    assert len(table) == 2 + len(compat.WORKAROUNDS)
-    for row, workaround in zip(table[2:], compat.WORKAROUNDS):
-        assert row.startswith(f"| `{workaround.name}` | {workaround.kind} | {workaround.issues} |")
-        assert row.endswith(f"| {workaround.describe_versions()} |")
-
-
-# --- the package's structure -----------------------------------------------
-def test_each_workaround_is_the_module_named_after_it():
-    """Its `Workaround(...)` entry sits beside its patch, in registry order."""
-    import importlib
-
-    for workaround in compat.WORKAROUNDS:
-        module = importlib.import_module(f"keras_lars.compat.{workaround.name}")
-        assert module.WORKAROUND is workaround
-        assert workaround.install is module.install and workaround.shape is module.shape
-
-
-def test_no_workaround_is_fixed_at_or_below_the_keras_floor():
-    """Keras below the floor is refused at import: such a fix would be dead."""
-    from keras_lars import _environment
-
-    for workaround in compat.WORKAROUNDS:
-        if workaround.package == "keras" and workaround.fixed_in is not None:
-            assert workaround.fixed_in > _environment.KERAS_FLOOR, workaround.name
-
-
-# --- the environment check at import -----------------------------------------
-@pytest.mark.subprocess
-@pytest.mark.parametrize(
-    "environment, fakes, message",
-    [
-        (
-            {"TF_USE_LEGACY_KERAS": "1"},
-            {},
-            r"keras_lars needs Keras 3, but TF_USE_LEGACY_KERAS=1 makes TensorFlow use Keras 2",
-        ),
-        (
-            {},
-            {"keras": "__version__ = '2.15.0'"},
-            r"keras_lars needs Keras >= 3\.8, < 4; installed: keras 2\.15\.0",
-        ),
-        (
-            {},
-            {"keras": "__version__ = '3.7.0'"},
-            r"keras_lars needs Keras >= 3\.8, < 4; installed: keras 3\.7\.0 .*keras#19891",
-        ),
-        (  # TensorFlow missing under Keras's default backend
-            {"KERAS_BACKEND": "tensorflow"},
-            {
-                "tensorflow": "raise ModuleNotFoundError(\"No module named 'tensorflow'\", "
-                "name='tensorflow')"
-            },
-            r"Keras's backend is tensorflow .*but TensorFlow is not installed: "
-            r"pip install 'keras-lars\[cpu\]'",
-        ),
-    ],
-)
-def test_a_wrong_environment_is_one_import_error(environment, fakes, message, tmp_path):
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    path = [root]
-    for package, source in fakes.items():  # found before the installed one
-        (tmp_path / package).mkdir()
-        (tmp_path / package / "__init__.py").write_text(source + "\n")
-    if fakes:
-        path.insert(0, str(tmp_path))
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(path), **environment)
-    program = (
-        "import sys\ntry:\n    import keras_lars\nexcept ImportError as error:\n"
-        "    print(error)\n    sys.exit(3)\n"
-    )
-    result = subprocess.run(
-        [sys.executable, "-c", program],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-    )
-    assert result.returncode == 3, result.stdout + result.stderr[-2000:]
-    assert re.search(message, result.stdout.strip()), result.stdout
-    assert len(result.stdout.strip().splitlines()) == 1
-
-
-def test_the_floor_matches_setup_cfg():
-    import configparser
-
-    from keras_lars import _environment
-
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    config = configparser.ConfigParser()
-    config.read(os.path.join(root, "setup.cfg"))
-    floor = ".".join(map(str, _environment.KERAS_FLOOR))
-    assert f"keras>={floor},<4" in config["options"]["install_requires"].split()
-    assert compat.KERAS_VERIFIED[0] == _environment.KERAS_FLOOR
-
-
 # --- distributed_datasets_from_function (needed before Keras 3.9) ------------
 def test_fit_on_distribute_datasets_from_function(restore_compat):
     """keras#20134: on Keras < 3.9 Keras's own fit() rejects the dataset; the
@@ -614,7 +341,7 @@ def test_fit_on_distribute_datasets_from_function(restore_compat):
     def fit(distribute):
         strategy = tf.distribute.MirroredStrategy(CPUS)
         with strategy.scope():
-            model = _bn_model(synchronized=True)
+            model = bn_model(synchronized=True)
         dataset = tf.data.Dataset.from_tensor_slices((global_batches, y))
         if distribute:
             data = strategy.distribute_datasets_from_function(

@@ -128,6 +128,7 @@ def test_the_guard_refuses_a_process_start_and_counts_the_training(monkeypatch):
 # Modules whose tests are the version-dependent paths CI must run on the oldest pair.
 VERSION_DEPENDENT = (
     "test_compat.py",
+    "test_version_gates.py",
     "test_jax_distribution.py",
     "test_train_jax.py",
     "test_train_checkpoints.py",
