@@ -11,7 +11,7 @@ from keras_lars.tools import input_pipeline
 from keras_lars.tools import train
 from keras_lars.tools.train import model_dir as train_model_dir
 from tests import train_data
-from tests.test_distribute import _all_reduced
+from tests.test_mirrored_steps import _all_reduced
 from tests.train_tool import fingerprint
 from tests.train_tool import run_tool
 

@@ -1,14 +1,15 @@
-"""keras_lars.distribute and keras_lars.compat: strategies, the Keras
-workarounds (each shown failing without it), XLA readiness, fault tolerance.
-
-The multi-worker tests start two real worker processes
-(tests/multiworker_worker.py) on free localhost ports and compare their
-final weights with single-process runs of the same functions.
-"""
+"""keras_lars.distribute: the strategy factory (make_strategy and its checks
+of TF_CONFIG and of its arguments), each task's wait for the others
+(wait_for_workers: admitted, refused for settings that differ, timed out,
+stopped, its own address taken), and two real worker processes
+(tests/multiworker_worker.py) on free localhost ports, whose final weights are
+compared with single-process runs of the same functions: each multi-worker
+workaround of keras_lars.compat shown needed, and a killed worker restarting
+from its backup. Steps on two replicas in this process are
+tests/test_mirrored_steps.py; a step under XLA, tests/test_xla_readiness.py."""
 
 import json
 import os
-import re
 import signal
 import socket
 import subprocess
@@ -16,7 +17,6 @@ import sys
 import threading
 import time
 
-import keras
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -28,18 +28,9 @@ from keras_lars import rendezvous
 from keras_lars.tools.benchmark_allreduce import free_ports
 from tests import multiworker_worker as worker
 from tests.processes import CHILD_TIMEOUT
+from tests.processes import ROOT
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 WORKER_TIMEOUT = CHILD_TIMEOUT
-
-
-@pytest.fixture
-def restore_compat():
-    """Leaves keras_lars.compat as the test found it."""
-    before = compat.applied()
-    yield
-    compat.unapply([name for name in compat.applied() if name not in before])
-    compat.apply(before)
 
 
 # --- two worker processes --------------------------------------------------
@@ -209,266 +200,6 @@ def test_killed_worker_restarts_from_backup_and_ends_like_uninterrupted_run(
     assert os.listdir(second.scratch) == []  # the other worker's scratch saves are gone
 
 
-# --- in-process: MirroredStrategy on two logical CPUs ------------------------
-def _fit_mirrored(steps_per_execution):
-    strategy = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
-    model, _ = worker.train(strategy, batch_norm=True, steps_per_execution=steps_per_execution)
-    return model.get_weights()
-
-
-@pytest.mark.subprocess
-def test_each_mirrored_strategy_workaround_is_needed(tmp_path):
-    """Without `steps_per_execution_loop` (keras#19246) or, for a second
-    strategy training another model, `distinct_collective_keys`
-    (tensorflow#62790), fit fails. Each runs in a child process of its own:
-    a failed collective can leave a process unable to run one again."""
-    env = dict(os.environ, CUDA_VISIBLE_DEVICES="", TF_CPP_MIN_LOG_LEVEL="3", PYTHONPATH=ROOT)
-    env.pop("TF_CONFIG", None)
-    bugs = {
-        "steps_per_execution": "InvalidArgumentError: Graph execution error",
-        "collective_keys": "Shape mismatch in the collective instance",
-    }
-    children = {
-        bug: subprocess.Popen(
-            [
-                sys.executable,
-                worker.__file__,
-                "mirrored_symptom",
-                str(tmp_path / f"{bug}.npz"),
-                "--bug",
-                bug,
-            ],
-            env=env,
-            cwd=ROOT,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-        )
-        for bug in bugs
-    }
-    for bug, child in children.items():
-        log, _ = child.communicate(timeout=WORKER_TIMEOUT)
-        assert child.returncode == 0, log[-3000:]
-        error = str(np.load(tmp_path / f"{bug}.npz")["error"])
-        assert bugs[bug] in error, error[-2000:]
-    assert "You must feed a value for placeholder tensor" in str(
-        np.load(tmp_path / "steps_per_execution.npz")["error"]
-    )
-
-
-def test_several_mirrored_strategies_in_one_process(restore_compat):
-    """With `distinct_collective_keys` (tensorflow#62790)."""
-    compat.apply()
-    worker.train(tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"]))
-    second = worker.train(tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"]), batch_norm=True)
-    reference = worker.train(tf.distribute.get_strategy(), batch_norm=True)[0]
-    for a, b in zip(second[0].get_weights(), reference.get_weights()):
-        np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-6)
-
-
-@pytest.mark.parametrize("steps_per_execution", [3, 4])
-def test_steps_per_execution_under_mirrored_strategy(steps_per_execution, restore_compat):
-    """With compat (keras#19246). 4 batches an epoch: 4 is one execution an
-    epoch, 3 ends each epoch with an execution that runs out of data."""
-    compat.apply()
-    one_step = _fit_mirrored(1)
-    for a, b in zip(_fit_mirrored(steps_per_execution), one_step):
-        np.testing.assert_array_equal(a, b)
-    reference = worker.train(tf.distribute.get_strategy(), batch_norm=True)[0].get_weights()
-    for a, b in zip(one_step, reference):  # synchronized batch norm: global-batch statistics
-        np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-6)
-
-
-CLIPPED = {  # optimizer, its arguments, the clipping argument
-    "LARS clipnorm": (
-        keras_lars.LARS,
-        {"learning_rate": 0.5, "weight_decay": 1e-3},
-        {"clipnorm": 0.05},
-    ),
-    "LAMB global_clipnorm": (keras_lars.LAMB, {"learning_rate": 0.01}, {"global_clipnorm": 0.1}),
-    "LAMB clipvalue": (keras_lars.LAMB, {"learning_rate": 0.01}, {"clipvalue": 0.01}),
-}
-
-
-@pytest.mark.parametrize("case", sorted(CLIPPED))
-def test_clipping_applies_to_the_all_reduced_gradient(case, restore_compat):
-    """tensorflow#33929: Keras 3 clips each replica's partial gradient."""
-    cls, arguments, clipping = CLIPPED[case]
-    clipped = lambda: cls(**arguments, **clipping)  # noqa: E731
-    single = tf.distribute.get_strategy()
-    reference = worker.train(single, optimizer=clipped)[0].get_weights()
-    unclipped = worker.train(single, optimizer=lambda: cls(**arguments))[0].get_weights()
-    assert max(np.abs(a - b).max() for a, b in zip(reference, unclipped)) > 1e-3  # clipping acts
-
-    def mirrored(optimizer=clipped):
-        strategy = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
-        return worker.train(strategy, optimizer=optimizer)[0].get_weights()
-
-    # Keras's own optimizers clip each replica's part (the bug) ...
-    keras_sgd = lambda: keras.optimizers.SGD(0.1, **clipping)  # noqa: E731
-    single_sgd = worker.train(single, optimizer=keras_sgd)[0].get_weights()
-    per_replica = mirrored(keras_sgd)
-    assert max(np.abs(a - b).max() for a, b in zip(per_replica, single_sgd)) > 1e-4
-    # ... keras_lars's clip the all-reduced gradient, as one device does.
-    for a, b in zip(mirrored(), reference):
-        np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-6)
-
-
-def _clip(gradients, clipping):
-    """numpy clipnorm (each tensor), global_clipnorm (all) or clipvalue."""
-    if "clipnorm" in clipping:
-        c = clipping["clipnorm"]
-        return [g * c / max(np.linalg.norm(g), c) for g in gradients]
-    if "global_clipnorm" in clipping:
-        c, norm = clipping["global_clipnorm"], np.sqrt(sum(np.sum(g**2) for g in gradients))
-        return [g * c / max(norm, c) for g in gradients]
-    return [np.clip(g, -clipping["clipvalue"], clipping["clipvalue"]) for g in gradients]
-
-
-@pytest.mark.parametrize(
-    "clipping", [{"clipnorm": 1.0}, {"global_clipnorm": 1.5}, {"clipvalue": 0.3}], ids=str
-)
-def test_two_replicas_clip_the_sum_of_their_gradients(clipping):
-    """optimizer.apply in each of 2 replicas: w = -lr * clip(g_0 + g_1)
-    (LARS with momentum 0, no decay, no adaptation: plain SGD)."""
-    rng = np.random.default_rng(1)
-    parts = [[rng.normal(size=(3, 4)), rng.normal(size=(4,))] for _ in range(2)]
-    parts = [[p.astype("float32") for p in replica] for replica in parts]
-    strategy = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
-    with strategy.scope():
-        variables = [
-            keras.Variable(np.zeros(p.shape, "float32"), name=f"v{i}")
-            for i, p in enumerate(parts[0])
-        ]
-        optimizer = keras_lars.LARS(
-            0.5, momentum=0.0, exclude_from_layer_adaptation=["."], **clipping
-        )
-        optimizer.build(variables)
-    stacked = [tf.constant(np.stack([p[i] for p in parts])) for i in range(len(variables))]
-
-    @tf.function
-    def step():
-        def replica():
-            index = tf.distribute.get_replica_context().replica_id_in_sync_group
-            optimizer.apply([tf.gather(s, index) for s in stacked], variables)
-
-        strategy.run(replica)
-
-    step()
-    summed = [a.astype(np.float64) + b for a, b in zip(*parts)]
-    for variable, expected in zip(variables, _clip(summed, clipping)):
-        np.testing.assert_allclose(variable.numpy(), -0.5 * expected, rtol=1e-6, atol=1e-7)
-    per_replica = [a + b for a, b in zip(*(_clip(p, clipping) for p in parts))]
-    assert max(np.abs(a - b).max() for a, b in zip(per_replica, _clip(summed, clipping))) > 0.05
-
-
-def test_clipping_under_replicas_refuses_where_keras_changed(monkeypatch):
-    """Clipping after the all-reduce relies on Keras's optimizer methods:
-    verified on this Keras, refused in one line where their shape differs."""
-    from keras.src.backend.tensorflow.optimizer import TFOptimizer
-
-    assert keras_lars.layerwise._clip_order_shape() is None
-    strategy = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
-    with strategy.scope():
-        clipped, unclipped = keras_lars.LAMB(global_clipnorm=1.0), keras_lars.LAMB()
-
-    def changed(self, grads_and_vars, options=None):
-        raise AssertionError("never called")
-
-    monkeypatch.setattr(TFOptimizer, "_all_reduce_sum_gradients", changed)
-    strategy.run(lambda: unclipped._clip_gradients([tf.ones((2, 2))]))  # needs nothing
-    (low_major, low_minor), (high_major, high_minor) = compat.KERAS_VERIFIED
-    with pytest.raises(
-        compat.UnsupportedVersionError,
-        match=r"^clipping \(clipnorm/global_clipnorm/clipvalue\) in 'LAMB' under 2 "
-        r"replicas clips after the all-reduce, which keras_lars cannot do here: its "
-        rf"target changed in Keras {re.escape(keras.__version__)}: TFOptimizer\._all_"
-        r"reduce_sum_gradients takes \(self, grads_and_vars, options\), expected "
-        rf"\(self, grads_and_vars\)\. Use Keras {low_major}\.{low_minor} to "
-        rf"{high_major}\.{high_minor}\.$",
-    ):
-        strategy.run(lambda: clipped._clip_gradients([tf.ones((2, 2))]))
-    (one_replica,) = clipped._clip_gradients([tf.ones((2, 2))])  # Keras's own clipping
-    np.testing.assert_allclose(one_replica, np.full((2, 2), 0.5), rtol=1e-6)
-
-
-# --- keras_lars.compat bookkeeping -------------------------------------------
-def test_compat_apply_is_explicit_idempotent_and_reversible(restore_compat):
-    from keras.src.backend.tensorflow import trainer
-
-    with compat.unpatched():
-        assert compat.applied() == ()
-        originals = (
-            trainer.TensorFlowTrainer._make_function,
-            trainer.TensorFlowTrainer._maybe_symbolic_build,
-            trainer.reduce_per_replica,
-        )
-        own = _keras_lars_classes()
-        names = compat.apply()
-        assert _keras_lars_classes() == own  # no keras_lars class is patched
-        assert names == tuple(w.name for w in compat.WORKAROUNDS if w.needed())
-        patched = (
-            trainer.TensorFlowTrainer._make_function,
-            trainer.TensorFlowTrainer._maybe_symbolic_build,
-            trainer.reduce_per_replica,
-        )
-        assert all(p is not o for p, o in zip(patched, originals))
-        assert compat.apply() == names  # idempotent: nothing wrapped twice
-        assert (
-            trainer.TensorFlowTrainer._make_function,
-            trainer.TensorFlowTrainer._maybe_symbolic_build,
-            trainer.reduce_per_replica,
-        ) == patched
-        with compat.unpatched(["steps_per_execution_loop"]):
-            assert trainer.TensorFlowTrainer._make_function is originals[0]
-            assert trainer.reduce_per_replica is patched[2]
-        assert compat.applied() == names
-        assert trainer.TensorFlowTrainer._make_function is not originals[0]
-        compat.unapply()  # one undo each brings back Keras's own code
-        assert compat.applied() == ()
-        assert (
-            trainer.TensorFlowTrainer._make_function,
-            trainer.TensorFlowTrainer._maybe_symbolic_build,
-            trainer.reduce_per_replica,
-        ) == originals
-    with pytest.raises(ValueError, match="names"):
-        compat.apply(["no_such_fix"])
-
-
-def _keras_lars_classes():
-    """{class: {attribute: id(value)}} of every class keras_lars defines."""
-    import inspect
-
-    modules = [m for name, m in list(sys.modules.items()) if name.startswith("keras_lars.")]
-    return {
-        cls: {name: id(value) for name, value in vars(cls).items()}
-        for module in modules
-        for _, cls in inspect.getmembers(module, inspect.isclass)
-        if cls.__module__.startswith("keras_lars.")
-    }
-
-
-def test_compat_version_gate():
-    def install():
-        raise AssertionError("a workaround outside its versions must not be installed")
-
-    def gate(**kwargs):
-        return compat.Workaround(
-            "x", "keras#0", "symptom", "crash", install, lambda: None, **kwargs
-        )
-
-    major_minor = tuple(int(p) for p in keras.__version__.split(".")[:2])
-    assert gate().needed()  # since 3.0, still open
-    assert not gate(fixed_in=major_minor).needed()
-    assert not gate(since=(major_minor[0] + 1, 0)).needed()
-    tf_major_minor = tuple(int(p) for p in tf.__version__.split(".")[:2])
-    assert gate(package="tensorflow", since=(2, 0)).needed()
-    assert not gate(package="tensorflow", since=(2, 0), fixed_in=tf_major_minor).needed()
-    for workaround in compat.WORKAROUNDS:
-        assert workaround.issues.startswith(("keras#", "tensorflow#", "no upstream issue found"))
-        assert workaround.kind in ("crash", "behaviour")
-
-
 # --- the strategy factory ----------------------------------------------------
 GOOD = {
     "cluster": {"worker": ["localhost:1234", "localhost:1235"]},
@@ -548,62 +279,6 @@ def test_factory_kinds(monkeypatch, restore_compat):
         assert mirrored.num_replicas_in_sync == 2
         assert compat.applied() == tuple(w.name for w in compat.WORKAROUNDS if w.needed())
     assert distribute.is_chief(mirrored)
-
-
-# --- TPU readiness without a TPU ---------------------------------------------
-HOST_OPS = {"PyFunc", "PyFuncStateless", "EagerPyFunc", "NumpyFunction", "Print", "PrintV2"}
-
-
-def _op_types(graph):
-    """Op types of a graph and of every function in its library."""
-    graph_def = graph.as_graph_def()
-    types = {node.op for node in graph_def.node}
-    for function in graph_def.library.function:
-        types |= {node.op for node in function.node_def}
-    return types
-
-
-@pytest.mark.parametrize("optimizer", ["LARS", "LAMB"])
-def test_train_step_compiles_with_xla_and_has_no_host_ops(optimizer):
-    schedule = keras_lars.WarmupPolyDecay(
-        peak_learning_rate=0.5, warmup_steps=2, total_steps=8, end_learning_rate=0.01
-    )
-    keras.utils.set_random_seed(0)
-    model = keras.Sequential(
-        [
-            keras.Input((5,)),
-            keras.layers.Dense(8),
-            keras.layers.BatchNormalization(),
-            keras.layers.Activation("relu"),
-            keras.layers.Dense(3),
-        ]
-    )
-    model.compile(
-        optimizer=getattr(keras_lars, optimizer)(schedule, weight_decay=1e-3),
-        loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
-        metrics=["accuracy"],
-        jit_compile=True,
-    )
-    x, y = worker.make_data()
-    history = model.fit(x, y, batch_size=16, epochs=2, shuffle=False, verbose=0)
-    assert np.isfinite(history.history["loss"]).all()
-    assert int(model.optimizer.iterations.numpy()) == 8
-
-    # The whole step (forward, backward, schedule, optimizer, metrics) as
-    # one XLA computation: lowering to HLO fails on any op XLA cannot compile.
-    step = tf.function(model.train_step, jit_compile=True)
-    batch = (tf.constant(x[:16]), tf.constant(y[:16]))
-    assert "HloModule" in step.experimental_get_compiler_ir(batch)(stage="hlo")
-    assert not _op_types(step.get_concrete_function(batch).graph) & HOST_OPS
-
-
-def test_xla_check_rejects_a_host_op():
-    """The checks above can fail: a numpy callback is a host op XLA rejects."""
-    step = tf.function(lambda v: tf.numpy_function(np.sin, [v], tf.float32), jit_compile=True)
-    value = tf.constant([1.0])
-    assert _op_types(step.get_concrete_function(value).graph) & HOST_OPS
-    with pytest.raises(Exception, match="(?i)compil|xla|supported"):
-        step.experimental_get_compiler_ir(value)(stage="hlo")
 
 
 # --- waiting for the cluster -------------------------------------------------------
@@ -713,64 +388,3 @@ def test_wait_for_workers_alone_or_with_a_bad_timeout(monkeypatch):
     assert keras_lars.distribute.wait_for_workers(1) == 0
     with pytest.raises(ValueError, match="timeout_seconds"):
         keras_lars.distribute.wait_for_workers(0)
-
-
-# --- half-precision all-reduce (allreduce_dtype) -----------------------------------
-def _all_reduced(parts, allreduce_dtype):
-    """The optimizer's all-reduce of two replicas' gradients `parts`."""
-    strategy = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
-    with strategy.scope():
-        variables = [
-            keras.Variable(np.zeros(p.shape, "float32"), name=f"v{i}")
-            for i, p in enumerate(parts[0])
-        ]
-        optimizer = keras_lars.LARS(allreduce_dtype=allreduce_dtype)
-    stacked = [tf.constant(np.stack([p[i] for p in parts])) for i in range(len(variables))]
-
-    @tf.function
-    def reduce():
-        def replica():
-            index = tf.distribute.get_replica_context().replica_id_in_sync_group
-            grads = [tf.gather(s, index) for s in stacked]
-            pairs = optimizer._all_reduce_sum_gradients(list(zip(grads, variables)))
-            return [g for g, _ in pairs]
-
-        return strategy.run(replica)
-
-    return [strategy.experimental_local_results(g)[0].numpy() for g in reduce()]
-
-
-@pytest.mark.parametrize(
-    "dtype, unit_roundoff", [("float32", 0.0), ("bfloat16", 2.0**-8), ("float16", 2.0**-11)]
-)
-def test_all_reduce_in_low_precision_is_within_its_rounding(dtype, unit_roundoff):
-    # Each replica's part is rounded once and the sum once: |error| <=
-    # 2 u (|g_0| + |g_1|) per entry (float16: u of the scaled entry, and the
-    # per-gradient power-of-two scale keeps the tiny gradient out of the
-    # subnormals, where it would have been flushed to 0).
-    rng = np.random.default_rng(0)
-    parts = [
-        [
-            (rng.normal(size=(40, 6)) * 10.0 ** rng.uniform(-1, 2, (40, 6))).astype("float32"),
-            rng.normal(1e-9, 1e-10, (5,)).astype("float32"),
-        ]
-        for _ in range(2)
-    ]
-    reduced = _all_reduced(parts, dtype)
-    for i, result in enumerate(reduced):
-        exact = parts[0][i].astype(np.float64) + parts[1][i]
-        magnitude = np.abs(parts[0][i]).astype(np.float64) + np.abs(parts[1][i])
-        error = np.abs(result - exact)
-        if dtype == "float32":
-            np.testing.assert_allclose(result, exact, rtol=1e-7)
-        else:
-            assert np.all(error <= 2 * unit_roundoff * magnitude), np.max(error / magnitude)
-            assert np.any(error > 0)  # it did go through the low precision
-    assert reduced[1].dtype == np.float32 and np.all(reduced[1] > 0)
-
-
-def test_allreduce_dtype_is_checked_and_kept_in_the_config():
-    with pytest.raises(ValueError, match="allreduce_dtype"):
-        keras_lars.LAMB(allreduce_dtype="int8")
-    optimizer = keras_lars.LAMB(allreduce_dtype="bfloat16")
-    assert keras_lars.LAMB.from_config(optimizer.get_config()).allreduce_dtype == "bfloat16"

@@ -142,6 +142,8 @@ VERSION_DEPENDENT = (
     "test_signals.py",
     "test_elastic_resume.py",
     "test_distribute.py",
+    "test_mirrored_steps.py",
+    "test_xla_readiness.py",
     "test_golden.py",
     "test_lars.py",
     "test_lamb.py",

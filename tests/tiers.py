@@ -262,16 +262,14 @@ SLOW_IN_PROCESS = {
     "test_models.py::test_mixed_bfloat16_train_step": "30 s: ResNet-18 traced, stepped in bfloat16",
     "test_callbacks.py::test_callback_under_mirrored_strategy": "33 s: two fits under "
     "MirroredStrategy; the callback's schedule stays fast on one device",
-    "test_distribute.py::test_clipping_applies_to_the_all_reduced_gradient[LAMB global_clipnorm]": (
-        "34 s: MirroredStrategy steps; [LARS clipnorm] stays fast"
-    ),
-    "test_distribute.py::test_clipping_applies_to_the_all_reduced_gradient[LAMB clipvalue]": (
-        "30 s: MirroredStrategy steps; [LARS clipnorm] stays fast"
-    ),
-    "test_distribute.py::test_steps_per_execution_under_mirrored_strategy[4]": (
+    "test_mirrored_steps.py::test_clipping_applies_to_the_all_reduced_gradient"
+    "[LAMB global_clipnorm]": "34 s: MirroredStrategy steps; [LARS clipnorm] stays fast",
+    "test_mirrored_steps.py::test_clipping_applies_to_the_all_reduced_gradient"
+    "[LAMB clipvalue]": "30 s: MirroredStrategy steps; [LARS clipnorm] stays fast",
+    "test_mirrored_steps.py::test_steps_per_execution_under_mirrored_strategy[4]": (
         "32 s: MirroredStrategy steps; [3] stays fast"
     ),
-    "test_distribute.py::test_train_step_compiles_with_xla_and_has_no_host_ops[LAMB]": (
+    "test_xla_readiness.py::test_train_step_compiles_with_xla_and_has_no_host_ops[LAMB]": (
         "23 s: an XLA compilation; [LARS] stays fast"
     ),
     "test_optimizer_integration.py::test_keras_file_resume_continues_exactly[lamb]": (
