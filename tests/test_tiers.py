@@ -139,6 +139,7 @@ VERSION_DEPENDENT = (
     "test_train_resume.py",
     "test_train_runs.py",
     "test_launchers.py",
+    "test_cluster_resolution.py",
     "test_signals.py",
     "test_elastic_resume.py",
     "test_distribute.py",

@@ -360,7 +360,7 @@ NEWEST_ONLY_IN_CI = {
     "starts, one for each way an error reaches the command line, into the quick start's "
     "finished run; the oldest pair checks every case's message in this process "
     "(test_each_bad_input_is_an_error_naming_the_flag_or_file), and real tool processes' "
-    "one error line in test_fashion_mnist, test_launchers and test_elastic_resume",
+    "one error line in test_fashion_mnist, test_cluster_resolution and test_elastic_resume",
     "test_train_runs.py::test_each_model_family_trains_on_generated_tfrecords": "every model "
     "builds on the oldest pair in test_models, and AlexNet-BN trains on records there in "
     "test_train_flags' two-replica run",
@@ -384,6 +384,7 @@ SEVERAL_PROCESSES = {
     "test_train_jax.py": {"runs"},  # 2-process runs, two at a time
     "test_elastic_resume.py": None,
     "test_launchers.py": None,
+    "test_cluster_resolution.py": None,
 }
 
 
