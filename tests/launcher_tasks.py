@@ -1,7 +1,8 @@
-"""The training tool as a launcher's task, for tests/test_launchers.py and
-tests/test_cluster_resolution.py: a SLURM job whose ports are free here, the
-variables srun sets in a task, an environment without a cluster of its own, and
-the tool started and finished in child processes."""
+"""The training tool as a launcher's task, for tests/test_launchers.py,
+tests/test_cluster_resolution.py and tests/test_worker_start.py: a SLURM job
+whose ports are free here, the variables srun sets in a task, an environment
+without a cluster of its own, and the tool started and finished in child
+processes."""
 
 import os
 import socket
@@ -60,15 +61,11 @@ def child_env(**extra):
     return dict(env, TF_CPP_MIN_LOG_LEVEL="2", CUDA_VISIBLE_DEVICES="", **extra)
 
 
-def start(args, env):
-    return subprocess.Popen(
-        tool_command(*args),
-        cwd=ROOT,
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
+def start(args, env, **options):
+    """The tool in a child process, its output read as text; stderr goes with
+    stdout unless `options` (more of Popen's arguments) say otherwise."""
+    streams = {"stdout": subprocess.PIPE, "stderr": subprocess.STDOUT, "text": True}
+    return subprocess.Popen(tool_command(*args), cwd=ROOT, env=env, **{**streams, **options})
 
 
 def finish(processes):

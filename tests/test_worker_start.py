@@ -26,6 +26,7 @@ from keras_lars.tools.train.process_start import shared_settings
 from tests.handshake import in_thread
 from tests.handshake import jax_tasks
 from tests.handshake import meet
+from tests.launcher_tasks import start
 from tests.processes import ROOT
 from tests.processes import finish as processes_finish
 
@@ -147,16 +148,7 @@ def _tool_worker(ports, index, *flags, **options):
             }
         ),
     )
-    command = [sys.executable, "-m", "keras_lars.tools.train", "--strategy=multi_worker"]
-    return subprocess.Popen(
-        [*command, *flags],
-        cwd=ROOT,
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        **options,
-    )
+    return start(["--strategy=multi_worker", *flags], env, stderr=subprocess.PIPE, **options)
 
 
 def _finish(process):
