@@ -1,5 +1,5 @@
-"""Bad input that used to end in a traceback or pass silently (issue 23,
-item 5): each must end in one line naming the culprit, with nothing lost."""
+"""Bad input that used to end in a traceback or pass silently: each must
+end in one line naming the culprit, with nothing lost."""
 
 import json
 import os
@@ -225,7 +225,7 @@ def _without_config_json(lars_run, tmp_path, last_checkpoint=True):
 
 
 def test_a_deleted_config_json_still_refuses_other_settings_naming_them(lars_run, tmp_path):
-    # Issue 23: this rerun resumed the LARS run's checkpoint with SGD, diverged
+    # Before: this rerun resumed the LARS run's checkpoint with SGD, diverged
     # (val_loss 2.2e7) and exited 0. Now the checkpoint's record refuses it.
     model_dir = _without_config_json(lars_run, tmp_path)
     before = fingerprint(model_dir)

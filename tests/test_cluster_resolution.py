@@ -5,7 +5,7 @@ TF_CONFIG then SLURM), and bad or damaged input refused in one line naming it
 --strategy=multi_worker or JAX; a node list longer than the step;
 JAX_COORDINATOR_PORT; an address named twice in TF_CONFIG; settings that
 differ under JAX's own detection), in this process and by the tool's own
-processes, which then write nothing (issue 41). The real launches are
+processes, which then write nothing. The real launches are
 tests/test_launchers.py."""
 
 import json
@@ -159,7 +159,7 @@ def test_the_tool_outside_srun_says_what_is_missing_and_writes_nothing(tmp_path)
     assert not (tmp_path / "run").exists()
 
 
-# --- issue 41: the start's damaged input, one line each -----------------------------
+# --- the start's damaged input, one line each ----------------------------------------
 def _set(monkeypatch, env):
     for name, value in env.items():
         monkeypatch.setenv(name, value)
@@ -261,8 +261,8 @@ def test_tf_config_naming_an_address_twice_is_refused_up_front(monkeypatch):
 
 
 def test_each_bad_start_of_the_tool_is_one_line(tmp_path):
-    """The tool's own processes, each ending with one line and exit status 1
-    (issue 41, items 4 and 6), nothing written."""
+    """The tool's own processes, each ending with one line and exit status 1,
+    nothing written."""
     port, job = free_ports(1)[0], free_slurm_job()
     twice = {
         "cluster": {"worker": [f"localhost:{port}"] * 2},

@@ -1,5 +1,5 @@
-"""Damaged input that ended in a traceback, a hang or a wrong culprit (issue 41,
-items 4-6, those not about the cluster start): each ends in one line naming
+"""Damaged input that ended in a traceback, a hang or a wrong culprit
+(those not about the cluster start): each ends in one line naming
 the culprit, nothing lost."""
 
 import json

@@ -101,7 +101,7 @@ def test_a_process_beyond_the_chiefs_count_is_refused():
 
 
 def test_a_coordinator_address_that_cannot_be_held_is_not_blamed_on_the_timeout():
-    """Before (issue 41, item 6): "cannot join the other processes within
+    """Before: "cannot join the other processes within
     --worker_start_timeout_minutes=1: ..." for causes not about time."""
     runtime_jax = pytest.importorskip("keras_lars.tools.train.runtime_jax")
     (port,) = free_ports(1)

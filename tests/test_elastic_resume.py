@@ -1,8 +1,8 @@
-"""Elastic resume (issue 23, item 4): a run checkpointed on 2 workers resumes
+"""Elastic resume: a run checkpointed on 2 workers resumes
 on 1 process with the same global batch, and the reverse, with real processes
 on localhost (--strategy=multi_worker, TF_CONFIG as in tests/test_train_cluster.py).
 The same runs carry a batch change (--batch_schedule): 2 workers with it
-equal one process with it (issue 25), and the resume is inside its second
+equal one process with it, and the resume is inside its second
 phase.
 
 A resume on another layout (workers, replicas) is exact only where a step does

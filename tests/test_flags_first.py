@@ -1,4 +1,4 @@
-"""The programs check their flags before Keras, TensorFlow or JAX load (issue 42):
+"""The programs check their flags before Keras, TensorFlow or JAX load:
 a bad flag, a bad value and --help answer without importing them
 (keras_lars/_quiet.py's hold, tools/train/cli.py's check_flags), with the
 line and exit status they always had."""

@@ -16,9 +16,8 @@ of a step in stage 4 of ResNet-18 (1x1 maps at 16 px). That is not the
 launchers (MirroredStrategy on 2 logical CPUs in one process gives the same
 2.8e-2) and not batch norm's one-pass variance (keras_lars.compat's
 `sync_batch_norm_variance` leaves it unchanged); reordering the global
-batch on one device moves it 3.5e-4 only. Open: see the closing note of
-issue 23. A worker reading the wrong half of the data moves LARS's
-normalized steps by about 1.
+batch on one device moves it 3.5e-4 only; the cause is still open. A worker
+reading the wrong half of the data moves LARS's normalized steps by about 1.
 """
 
 import inspect
@@ -165,8 +164,8 @@ REFUSED = {
 
 def _refused_stranger(forged, chief_output):
     """The forger's hello was refused with the reason alone, and the chief
-    logged it (issue 41, items 1 and 2: it got "go" for the real task, and
-    a refusal carried every shared setting)."""
+    logged it (before, it got "go" for the real task, and a refusal
+    carried every shared setting)."""
     assert forged["read"] in (
         "PermissionError",  # it ran as another user: the secret is the run's user's
         "not tried: it runs as the run's user (not root, it cannot become another)",

@@ -2,7 +2,7 @@
 forged clients, a hello copied off the wire, refusals that hold nothing of the
 run, a start without a secret of its own, a task with another kind of secret
 than the chief's, idle and silent connections, and the address the chief
-listens on (issue 23, item 5; issue 41). Processes that disagree are
+listens on. Processes that disagree are
 tests/test_disagreeing_processes.py; foreign listeners and the tool's bounded
 start, tests/test_worker_start.py."""
 
@@ -157,12 +157,12 @@ def test_stray_and_forged_clients_are_ignored_and_the_real_peer_gets_in(monkeypa
 
 def _old_default_key(run, settings):
     """The key of keras_lars.rendezvous/1 without $KERAS_LARS_RUN_SECRET:
-    from what every hello carried (issue 41, item 1)."""
+    from what every hello carried."""
     return hashlib.sha256(messages._canonical([run, settings])).digest()
 
 
 def test_a_forged_hello_with_copied_settings_is_refused_by_default(monkeypatch, tmp_path):
-    """Before (issue 41, items 1 and 2): a hello keyed by the run and the
+    """Before: a hello keyed by the run and the
     settings it carried got "waiting" then "go", and every refusal carried
     the chief's run and all its settings."""
     monkeypatch.delenv(rendezvous.SECRET_VARIABLE, raising=False)

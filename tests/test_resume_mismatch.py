@@ -1,4 +1,4 @@
-"""A checkpoint whose weights file is not its own (issue 41, item 3): another
+"""A checkpoint whose weights file is not its own: another
 run's ckpt-0002.weights.h5 copied beside this run's ckpt-0002.json. Keras
 only warns ("Skipping variable loading for optimizer ...") and leaves the
 optimizer's state fresh; the resume must fall back to the checkpoint before

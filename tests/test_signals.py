@@ -1,4 +1,4 @@
-"""Signals to a real child process of the tools (issue 23, item 5): each
+"""Signals to a real child process of the tools: each
 stops the run after a checkpoint with exit 75 and one line, losing nothing."""
 
 import os

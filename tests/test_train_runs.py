@@ -278,11 +278,7 @@ def test_bad_input_is_one_line_naming_the_flag_or_file(finished_run, tmp_path):
     for (args, culprit, detail), process in zip(cases, processes):
         assert process.returncode == 1, (args, process.returncode)
         assert "Traceback" not in process.stderr, (args, process.stderr[-3000:])
-        lines = [
-            line
-            for line in process.stderr.splitlines()
-            if line.startswith("error:")
-        ]
+        lines = [line for line in process.stderr.splitlines() if line.startswith("error:")]
         assert len(lines) == 1, (args, process.stderr[-3000:])
         assert culprit in lines[0] and detail in lines[0], (args, lines[0])
     assert fingerprint(model_dir) == before  # nothing in the model dir lost or changed

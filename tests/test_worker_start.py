@@ -3,8 +3,8 @@ TensorFlow road (wait_for_workers) a program that is not ours on the chief's
 or a missing worker's address is named, and a chief of another cluster is not
 joined; the training tool names a program on a peer's address, and TensorFlow's
 and jax.distributed's start of the workers is bounded by
---worker_start_timeout_minutes and stoppable by SIGINT and SIGTERM (issue 23,
-item 5). Who gets in is tests/test_rendezvous.py."""
+--worker_start_timeout_minutes and stoppable by SIGINT and SIGTERM.
+Who gets in is tests/test_rendezvous.py."""
 
 import json
 import os
