@@ -369,11 +369,10 @@ def test_a_value_absl_refuses_is_the_planners_one_line(flag, message):
     from absl import flags
 
     from keras_lars.tools import settings
-    from keras_lars.tools.plan import cli
 
     values = flags.FlagValues()
     settings.define_flags(plan.PlanSettings, values)
     with pytest.raises(SystemExit) as stopped:
-        cli.parse_flags(["keras-lars-plan", flag], values)
+        settings.parse_flags(["keras-lars-plan", flag], values)
     assert str(stopped.value.code).startswith(message)
     assert "\n" not in str(stopped.value.code)
