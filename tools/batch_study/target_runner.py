@@ -135,7 +135,7 @@ def _run(study, preemption):
             result = f"reached at step {row['steps']}" if row["reached"] else "not reached"
             print(
                 f"{where}: {result}, best accuracy {row['best_val_accuracy']:.4f} "
-                f"({row['wall_seconds']:.0f} s)",
+                f"({row['wall_seconds']:.0f} s in this process)",
                 flush=True,
             )
         seen.append(t)
