@@ -79,6 +79,16 @@ def test_a_trial_has_its_budget_rate_warmup_and_evaluations():
     assert a.key == target_search.trial(study, "lars", 128, 4.0, -1, 0, n).key
 
 
+def test_a_budget_below_a_smaller_batchs_steps_is_named():
+    """Fashion-MNIST: Nesterov took 174 steps at 1024; 150 steps at 4096 missed at every rate."""
+    assert target_search.budget_warning("nesterov", 4096, 150, (1024, 174)) == (
+        "warning: nesterov at batch 4096: its budget of 150 steps is below the 174 steps it "
+        "took at batch 1024; a miss here may be the budget's: raise --min_budget_steps"
+    )
+    assert target_search.budget_warning("nesterov", 4096, 174, (1024, 174)) is None
+    assert target_search.budget_warning("lars", 4096, 150, None) is None  # nothing reached
+
+
 def test_the_fit_recovers_s_min_and_e_min_of_exact_data():
     s_min, e_min = 40.0, 3.0e5
     batches = [64, 256, 1024, 4096, 16384]
@@ -207,7 +217,19 @@ def test_a_tiny_target_study_end_to_end_and_its_resume(tmp_path, capsys):
     again, trained = batch_study.run_target_study(parse(*args))
     assert trained == [] and again == rows
     assert (tmp_path / "trials.jsonl").read_text() == store
-    assert f"study: 0 trial(s) trained, {len(rows)} found done" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert f"study: 0 trial(s) trained, {len(rows)} found done" in out
+    # A budget below the fewest steps a smaller batch took is named (budget_warning).
+    expected, fewest = [], None
+    for batch in (64, 256, 512):
+        chosen = {r["rate_step"]: r for r in searched if r["batch_size"] == batch}
+        budget = next(iter(chosen.values()))["budget_steps"]
+        expected.append(target_search.budget_warning("lamb", batch, budget, fewest))
+        best = chosen[target_search.best_step(chosen)]
+        if best["reached"] and (fewest is None or best["steps"] < fewest[1]):
+            fewest = (batch, best["steps"])
+    warnings = [line for line in out.splitlines() if line.startswith("warning: lamb")]
+    assert warnings and warnings == [line for line in expected if line]
 
 
 def test_noise_scale_micro_batches_that_do_not_divide_the_batch_are_one_line():

@@ -6,6 +6,7 @@ when a study is stopped part way."""
 
 import dataclasses
 import gc
+import math
 import os
 import shutil
 import time
@@ -22,6 +23,7 @@ from keras_lars.tools.batch_study.target_results import TRIAL_FIELDS
 from keras_lars.tools.batch_study.target_results import write_target_outputs
 from keras_lars.tools.batch_study.target_search import best_step
 from keras_lars.tools.batch_study.target_search import budget_steps
+from keras_lars.tools.batch_study.target_search import budget_warning
 from keras_lars.tools.batch_study.target_search import next_step
 from keras_lars.tools.batch_study.target_search import noise_scale_run
 from keras_lars.tools.batch_study.target_search import rule_rate
@@ -144,8 +146,13 @@ def _run(study, preemption):
         return records[t.key]["row"]
 
     chosen = {}  # (optimizer, batch) -> (centre, k)
+    fewest = {}  # optimizer -> (batch, its fewest steps to the target so far)
     for i, batch in enumerate(batches):
         for optimizer in study.optimizers:
+            budget = budget_steps(study.search, batch, num_train)
+            warning = budget_warning(optimizer, batch, budget, fewest.get(optimizer))
+            if warning:
+                print(warning, flush=True)
             centre = rule_rate(study, optimizer, batch)
             if i:  # the rate chosen at the batch before, scaled by the rule
                 before, k = chosen[(optimizer, batches[i - 1])]
@@ -155,6 +162,9 @@ def _run(study, preemption):
             while (k := next_step(results, study.search.max_rate_steps)) is not None:
                 results[k] = row_of(trial(study, optimizer, batch, centre, k, 0, num_train))
             chosen[(optimizer, batch)] = (centre, best_step(results))
+            best = results[best_step(results)]
+            if best["reached"] and best["steps"] < fewest.get(optimizer, (0, math.inf))[1]:
+                fewest[optimizer] = (batch, best["steps"])
     for batch in seed_batches(study, batches, num_train):
         for optimizer in study.optimizers:
             centre, k = chosen[(optimizer, batch)]

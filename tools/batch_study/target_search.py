@@ -114,6 +114,21 @@ def trial(study, optimizer, batch_size, centre, rate_step, seed, num_train, micr
     return Trial(optimizer, batch_size, rate_step, seed, config, key)
 
 
+def budget_warning(optimizer, batch_size, budget, fewest):
+    """A warning line when `budget` (steps at `batch_size`) is below the
+    fewest steps to the target the optimizer took at a smaller batch
+    (`fewest`: (batch, steps) or None), else None: tuned well, a larger batch
+    needs no more steps (Shallue et al. 2019), so there a miss may be the
+    budget's, not the batch's."""
+    if fewest is None or budget >= fewest[1]:
+        return None
+    return (
+        f"warning: {optimizer} at batch {batch_size}: its budget of {budget} steps is below "
+        f"the {fewest[1]} steps it took at batch {fewest[0]}; a miss here may be the "
+        "budget's: raise --min_budget_steps"
+    )
+
+
 def rule_rate(study, optimizer, batch_size):
     """The optimizer's rate at `batch_size` by its scaling rule."""
     base, rule = study.rates[optimizer]
