@@ -161,8 +161,9 @@ def _run(study, preemption):
             results = {}
             while (k := next_step(results, study.search.max_rate_steps)) is not None:
                 results[k] = row_of(trial(study, optimizer, batch, centre, k, 0, num_train))
-            chosen[(optimizer, batch)] = (centre, best_step(results))
-            best = results[best_step(results)]
+            k = best_step(results)
+            chosen[(optimizer, batch)] = (centre, k)
+            best = results[k]
             if best["reached"] and best["steps"] < fewest.get(optimizer, (0, math.inf))[1]:
                 fewest[optimizer] = (batch, best["steps"])
     for batch in seed_batches(study, batches, num_train):
