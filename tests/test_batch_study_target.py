@@ -134,6 +134,7 @@ def test_the_table_takes_the_search_choice_and_the_seeds_at_it():
             "seconds": steps / 10,
             "best_val_accuracy": 0.9 if reached else 0.5,
             "budget_steps": 500,
+            "eval_every_steps": 25,
         }
 
     rows = [trial(0, 0, True, 120), trial(0, -1, True, 90), trial(0, 1, False, 500)]
@@ -143,6 +144,7 @@ def test_the_table_takes_the_search_choice_and_the_seeds_at_it():
     assert (found["seeds"], found["seeds_reached"]) == (3, 2)
     assert found["steps_mean"] == 100.0 and (found["steps_min"], found["steps_max"]) == (90, 110)
     assert found["examples_mean"] == 256 * 100.0
+    assert (found["budget_steps"], found["eval_every_steps"]) == (500, 25)
 
 
 @pytest.mark.parametrize(

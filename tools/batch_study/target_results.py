@@ -53,6 +53,7 @@ TABLE_FIELDS = (
     "examples_mean",
     "seconds_mean",
     "budget_steps",
+    "eval_every_steps",
 )
 MIN_FIT_POINTS = 3
 
@@ -60,7 +61,9 @@ MIN_FIT_POINTS = 3
 def table(rows):
     """One row per (optimizer, batch) of the trial rows: the rate chosen by
     the seed-0 search, and steps, examples and seconds to the target over the
-    seeds run at it (means over the seeds that reached it; None when none)."""
+    seeds run at it (means over the seeds that reached it; None when none).
+    Steps to the target are those of the first evaluation that reached it,
+    known to within the evaluation interval, eval_every_steps."""
     found = []
     rows = [r for r in rows if "noise_scale" not in r]  # the noise-scale runs: noise_scales()
     keys = dict.fromkeys((r["optimizer"], r["batch_size"]) for r in rows)
@@ -90,6 +93,7 @@ def table(rows):
                 "examples_mean": mean("examples"),
                 "seconds_mean": mean("seconds"),
                 "budget_steps": search[chosen]["budget_steps"],
+                "eval_every_steps": search[chosen]["eval_every_steps"],
             }
         )
     return sorted(found, key=lambda r: (r["optimizer"], r["batch_size"]))
