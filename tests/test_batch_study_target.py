@@ -50,12 +50,40 @@ def test_the_search_stops_at_its_limit_and_ranks_misses_by_accuracy():
     # Always better further down: stops at -max_steps.
     path, best = search_path(lambda k: row(k, steps=20 + k), max_steps=3)
     assert (path, best) == ([0, -1, 1, -2, -3], -3)
-    # Nothing reaches the target: the highest accuracy leads the search.
+    # Nothing reaches the target: the highest accuracy leads the search, and
+    # two steps either side of it are tried too.
     path, best = search_path(lambda k: row(k, accuracy=0.5 - 0.01 * abs(k - 1)))
-    assert (path, best) == ([0, -1, 1, 2], 1)
+    assert (path, best) == ([0, -1, 1, 2, 3], 1)
+    path, best = search_path(lambda k: row(k, accuracy=0.5 - 0.01 * abs(k)), max_steps=1)
+    assert (path, best) == ([0, -1, 1], 0)
     # A reached trial beats any miss; a tie goes to the smaller |k|.
     outcome = {0: row(0, steps=30), -1: row(-1, accuracy=0.9), 1: row(1, steps=30)}
     assert search_path(outcome.__getitem__) == ([0, -1, 1], 0)
+
+
+def test_a_miss_at_the_best_accuracy_is_searched_on_both_sides():
+    # Best accuracy at k = 0 (missed); k = -2 reaches the target: the search
+    # finds it, then walks on down from it as from any reached trial.
+    outcome = {0: 0.89, -1: 0.86, 1: 0.66, 2: 0.1}
+
+    def result(k):
+        return row(k, steps=200 + 10 * k) if k <= -2 else row(k, accuracy=outcome[k])
+
+    assert search_path(result, max_steps=4) == ([0, -1, 1, -2, -3, -4], -4)
+    # -2 misses too and is worse: +2 is tried, then the search stops at 0.
+    outcome[-2] = 0.5
+    assert search_path(lambda k: row(k, accuracy=outcome[k])) == ([0, -1, 1, -2, 2], 0)
+
+
+def test_a_stored_trial_takes_its_grid_step_in_this_plan():
+    # The same rate (key) stored at k = -2 of an earlier centre is k = 0 now.
+    study = parse(*TARGET)
+    t = target_search.trial(study, "lars", 256, 2.5, 0, 0, 1024)
+    records = {t.key: {"row": {"rate_step": -2, "steps": 90, "reached": True}}}
+    assert target_results.trial_rows([t], records) == [
+        {"rate_step": 0, "steps": 90, "reached": True}
+    ]
+    assert target_results.trial_rows([t], {}) == []
 
 
 def test_a_trial_has_its_budget_rate_warmup_and_evaluations():

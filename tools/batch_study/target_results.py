@@ -138,10 +138,17 @@ def fit(rows):
     }
 
 
+def trial_rows(trials, records):
+    """The store's rows of `trials` (those it holds), each with its Trial's
+    grid step k: a stored k counts from the centre of the plan that ran it,
+    and a trial is found by key, its rate, whatever its k in this plan."""
+    return [dict(records[t.key]["row"], rate_step=t.rate_step) for t in trials if t.key in records]
+
+
 def write_target_outputs(study, trials, records, num_train):
     """trials.{csv,json}, steps_to_target.{csv,json}, fit.json and
     steps_to_target.png in the study dir, from the records of `trials`."""
-    rows = [records[t.key]["row"] for t in trials if t.key in records]
+    rows = trial_rows(trials, records)
     if not rows:
         return
     config = trials[0].config

@@ -20,6 +20,7 @@ from keras_lars.tools.batch_study.cell_store import load_store
 from keras_lars.tools.batch_study.cells import resolve_batch_sizes
 from keras_lars.tools.batch_study.runner import train_logged
 from keras_lars.tools.batch_study.target_results import TRIAL_FIELDS
+from keras_lars.tools.batch_study.target_results import trial_rows
 from keras_lars.tools.batch_study.target_results import write_target_outputs
 from keras_lars.tools.batch_study.target_search import best_step
 from keras_lars.tools.batch_study.target_search import budget_steps
@@ -143,7 +144,8 @@ def _run(study, preemption):
         seen.append(t)
         if trained and trained[-1] == t.key:
             write_target_outputs(study, seen, records, num_train)
-        return records[t.key]["row"]
+        (row,) = trial_rows([t], records)
+        return row
 
     chosen = {}  # (optimizer, batch) -> (centre, k)
     fewest = {}  # optimizer -> (batch, its fewest steps to the target so far)
@@ -181,4 +183,4 @@ def _run(study, preemption):
         f"tables and plot in {study.study_dir}",
         flush=True,
     )
-    return [records[t.key]["row"] for t in seen], trained
+    return trial_rows(seen, records), trained

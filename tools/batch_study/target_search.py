@@ -20,7 +20,9 @@ The search (seed 0) tries rates r_k = c * f^k for integers k, f =
 rate chosen at the batch before, scaled by the rule from that batch to this.
 It tries k = 0, -1, 1; while the best trial so far (fewest steps to the
 target; of trials that missed it, the highest accuracy) is at the largest or
-smallest k tried, it tries the next k beyond, up to |k| = --max_rate_steps.
+smallest k tried, it tries the next k beyond, up to |k| = --max_rate_steps;
+while every trial so far missed the target, also k = best - 2 and best + 2
+(a miss's accuracy is a weak guide to the rate that reaches the target).
 The best trial's rate is chosen; seeds 1 .. --seeds - 1 then run at it, at
 --seed_batch_sizes (default: every batch). With --noise_scale_batch_size,
 each optimizer then trains seed 0 at that batch and its chosen rate once
@@ -39,6 +41,7 @@ from keras_lars.tools.batch_study.study import CellSettings
 from keras_lars.tools.settings import ConfigError
 
 FIRST_STEPS = (0, -1, 1)
+MISSED_REACH = 2  # while every trial missed: k = best - 2 and best + 2 too
 
 
 @dataclasses.dataclass(frozen=True)
@@ -159,6 +162,11 @@ def next_step(results, max_steps):
         return best + 1
     if best == min(results) and best > -max_steps:
         return best - 1
+    if not any(r["reached"] for r in results.values()):
+        # Among misses the best accuracy is a weak guide: look two steps either side.
+        for k in (best - MISSED_REACH, best + MISSED_REACH):
+            if abs(k) <= max_steps and k not in results:
+                return k
     return None
 
 
