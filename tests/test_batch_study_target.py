@@ -61,6 +61,12 @@ def test_the_search_stops_at_its_limit_and_ranks_misses_by_accuracy():
     assert search_path(outcome.__getitem__) == ([0, -1, 1], 0)
 
 
+def test_a_walk_limited_to_zero_steps_tries_nothing_more():
+    # The budget walk with --max_budget_doublings=0 keeps the budget T(B).
+    assert target_search.next_step({0: row(0, steps=10)}, 0) is None
+    assert target_search.next_step({0: row(0, steps=10)}, 1) == -1
+
+
 def test_a_miss_at_the_best_accuracy_is_searched_on_both_sides():
     # Best accuracy at k = 0 (missed); k = -2 reaches the target: the search
     # finds it, then walks on down from it as from any reached trial.
@@ -81,7 +87,7 @@ def test_a_stored_trial_takes_its_grid_step_in_this_plan():
     t = target_search.trial(study, "lars", 256, 2.5, 0, 0, 1024)
     records = {t.key: {"row": {"rate_step": -2, "steps": 90, "reached": True}}}
     assert target_results.trial_rows([t], records) == [
-        {"rate_step": 0, "steps": 90, "reached": True}
+        {"rate_step": 0, "budget_step": 0, "steps": 90, "reached": True}
     ]
     assert target_results.trial_rows([t], {}) == []
 
@@ -149,30 +155,40 @@ def test_the_fit_falls_back_to_one_coefficient():
 
 
 def test_the_table_takes_the_search_choice_and_the_seeds_at_it():
-    def trial(seed, k, reached, steps):
+    def trial(seed, k, reached, steps, j=0):
         return {
             "optimizer": "lars",
             "batch_size": 256,
             "seed": seed,
             "rate_step": k,
+            "budget_step": j,
             "peak_learning_rate": 2.0**k,
             "reached": reached,
             "steps": steps,
             "examples": 256 * steps,
             "seconds": steps / 10,
             "best_val_accuracy": 0.9 if reached else 0.5,
-            "budget_steps": 500,
+            "budget_steps": 500 * 2**j,
             "eval_every_steps": 25,
         }
 
     rows = [trial(0, 0, True, 120), trial(0, -1, True, 90), trial(0, 1, False, 500)]
     rows += [trial(0, -2, True, 100), trial(1, -1, True, 110), trial(2, -1, False, 500)]
+    rows += [trial(0, -1, True, 95, j=-1), trial(0, -1, True, 90, j=1)]  # no better budget
     (found,) = target_results.table(rows)
-    assert found["chosen_rate"] == 0.5 and found["search_trials"] == 4
+    assert found["chosen_rate"] == 0.5 and found["search_trials"] == 6
     assert (found["seeds"], found["seeds_reached"]) == (3, 2)
     assert found["steps_mean"] == 100.0 and (found["steps_min"], found["steps_max"]) == (90, 110)
     assert found["examples_mean"] == 256 * 100.0
     assert (found["budget_steps"], found["eval_every_steps"]) == (500, 25)
+    # A halved budget that reaches the target sooner is chosen, with its seeds.
+    rows += [trial(0, -1, True, 70, j=-2), trial(1, -1, True, 80, j=-2)]
+    (found,) = target_results.table(rows)
+    assert (found["chosen_rate"], found["budget_steps"]) == (0.5, 125)
+    assert (found["seeds"], found["steps_mean"]) == (2, 75.0)
+    # The rate is chosen at the budget T(B) first: a better trial at another
+    # rate's budget walk is not in this search.
+    assert target_search.chosen_point({(0, 0): rows[0], (1, -1): trial(0, 1, True, 10)}) == (0, 0)
 
 
 @pytest.mark.parametrize(
@@ -188,6 +204,7 @@ def test_the_table_takes_the_search_choice_and_the_seeds_at_it():
         ([*TARGET, "--rate_step=1"], "--rate_step=1.0: must be > 1"),
         ([*TARGET, "--warmup_fraction=1"], "--warmup_fraction=1.0: must be in [0, 1)"),
         ([*TARGET, "--max_rate_steps=0"], "--max_rate_steps=0: must be >= 1"),
+        ([*TARGET, "--max_budget_doublings=-1"], "--max_budget_doublings=-1: must be >= 0"),
         ([*TARGET, "--noise_scale_batch_size=64"], "--noise_scale_batch_size=64: not one of"),
         ([*TARGET, "--noise_scale_micro_batches=1"], "--noise_scale_micro_batches=1: must be"),
     ],
@@ -217,27 +234,44 @@ def test_a_tiny_target_study_end_to_end_and_its_resume(tmp_path, capsys):
     ]
     study = parse(*args)
     rows, trained = batch_study.run_target_study(study)
-    assert len(trained) == len(rows) >= 3 * 3 + 2
+    assert len(trained) == len(rows) >= 3 * (3 + 2) + 2
     searched = [r for r in rows if r["seed"] == 0 and "noise_scale" not in r]
     assert {r["batch_size"] for r in searched} == {64, 256, 512}
-    assert [r["seed"] for r in rows if r["seed"]] == [1]
-    # The noise-scale run: the chosen trial at 256 once more, in 2 micro-batches of 128.
+    points = {
+        b: {(r["rate_step"], r["budget_step"]): r for r in searched if r["batch_size"] == b}
+        for b in (64, 256, 512)
+    }
+    for b, tried in points.items():  # the budget walk: halved and doubled at the best rate
+        k = target_search.best_step({k: r for (k, j), r in tried.items() if j == 0})
+        assert {(k, -1), (k, 0), (k, 1)} <= set(tried)
+        assert {r["budget_steps"] for (rate, j), r in tried.items() if rate == k} == {
+            math.ceil(max(4, math.ceil(2 * 512 / b)) * 2.0**j) for j in (-1, 0, 1)
+        }
+    # The seed and the noise-scale run at 256: its chosen rate and budget, the
+    # latter in 2 micro-batches of 128.
+    same = points[256][target_search.chosen_point(points[256])]
+    (seed,) = [r for r in rows if r["seed"]]
+    assert (seed["batch_size"], seed["peak_learning_rate"]) == (256, same["peak_learning_rate"])
+    assert seed["budget_steps"] == same["budget_steps"]
     (noise,) = [r for r in rows if "noise_scale" in r]
-    chosen = [r for r in searched if r["batch_size"] == 256]
-    best = target_search.best_step({r["rate_step"]: r for r in chosen})
-    (same,) = [r for r in chosen if r["rate_step"] == best]
     assert noise["peak_learning_rate"] == same["peak_learning_rate"]
+    assert noise["budget_steps"] == same["budget_steps"]
     assert (noise["reached"], noise["steps"]) == (same["reached"], same["steps"])
     assert noise["noise_scale"] > 0
     noise_scales = read_json(tmp_path / "fit.json")["noise_scales"]
     assert noise_scales["lamb"]["noise_scale"] == noise["noise_scale"]
     assert noise_scales["lamb"]["batch_size"] == 256
     for r in rows:
-        assert r["budget_steps"] == max(4, math.ceil(2 * 512 / r["batch_size"]))
         assert r["examples"] == r["steps"] * r["batch_size"]
         assert 0 < r["steps"] <= r["budget_steps"]
     table = read_csv(tmp_path / "steps_to_target.csv")
     assert [int(r["batch_size"]) for r in table] == [64, 256, 512]
+    for r in table:
+        best = points[int(r["batch_size"])][
+            target_search.chosen_point(points[int(r["batch_size"])])
+        ]
+        assert float(r["chosen_rate"]) == best["peak_learning_rate"]
+        assert int(r["budget_steps"]) == best["budget_steps"]
     assert read_json(tmp_path / "trials.json")["study"]["target_accuracy"] == 0.8
     assert (tmp_path / "steps_to_target.png").read_bytes()[:4] == b"\x89PNG"
     assert "fits" in read_json(tmp_path / "fit.json")
@@ -252,10 +286,9 @@ def test_a_tiny_target_study_end_to_end_and_its_resume(tmp_path, capsys):
     # A budget below the fewest steps a smaller batch took is named (budget_warning).
     expected, fewest = [], None
     for batch in (64, 256, 512):
-        chosen = {r["rate_step"]: r for r in searched if r["batch_size"] == batch}
-        budget = next(iter(chosen.values()))["budget_steps"]
+        budget = points[batch][(0, 0)]["budget_steps"]
         expected.append(target_search.budget_warning("lamb", batch, budget, fewest))
-        best = chosen[target_search.best_step(chosen)]
+        best = points[batch][target_search.chosen_point(points[batch])]
         if best["reached"] and (fewest is None or best["steps"] < fewest[1]):
             fewest = (batch, best["steps"])
     warnings = [line for line in out.splitlines() if line.startswith("warning: lamb")]

@@ -197,9 +197,9 @@ class StudySettings:
     mode: str = setting(
         "accuracy",
         "accuracy: test accuracy after --train_epochs at each batch, one rate rule for all "
-        "batches. steps_to_target: per optimizer and batch, a search over the peak rate for "
-        "the fewest steps to the training tool's --target_accuracy, then --seeds at the "
-        "chosen rate (Shallue et al. 2019).",
+        "batches. steps_to_target: per optimizer and batch, a search over the peak rate and "
+        "the schedule's length for the fewest steps to the training tool's "
+        "--target_accuracy, then --seeds at the choice (Shallue et al. 2019).",
         choices=MODES,
     )
     budget_epochs: float = setting(
@@ -233,9 +233,16 @@ class StudySettings:
         "steps_to_target: the search goes at most this many grid steps from its centre either way.",
         check=at_least(1),
     )
+    max_budget_doublings: int = setting(
+        1,
+        "steps_to_target: after the rate search at a batch, its chosen rate is tried with "
+        "the budget (and so the schedule's length) halved and doubled, on while that "
+        "helps, at most this many times either way; 0: the budget T(B) only.",
+        check=at_least(0),
+    )
     seed_batch_sizes: tuple = setting(
         (),
-        "steps_to_target: the batch sizes that get --seeds seeds at their chosen rate "
+        "steps_to_target: the batch sizes that get --seeds seeds at their chosen rate and budget "
         "(e.g. those around the knee); empty: every one of --batch_sizes.",
         check=lambda entries, config: _batch_sizes_problem(entries, config) if entries else None,
     )
@@ -250,7 +257,7 @@ class StudySettings:
     noise_scale_batch_size: str = setting(
         "",
         "steps_to_target: after the seeds, each optimizer trains once more at this batch "
-        "(one of --batch_sizes) and its chosen rate, in --noise_scale_micro_batches "
+        "(one of --batch_sizes) at its chosen rate and budget, in --noise_scale_micro_batches "
         "micro-batches, measuring the gradient noise scale (the tool's --noise_scale) up to "
         "the target, to set beside the fitted B_crit. Empty: not measured.",
         check=lambda value, config: _batch_sizes_problem((value,), config) if value else None,
@@ -308,6 +315,7 @@ class TargetSearch:
     evaluations_per_epoch: int
     rate_step: float
     max_rate_steps: int
+    max_budget_doublings: int
     seed_batch_sizes: tuple  # ints and/or FULL; empty: every batch
     noise_scale_batch_size: object = None  # an int, FULL or None
     noise_scale_micro_batches: int = 8
@@ -403,6 +411,7 @@ def _target_search(own, shared, given):
         own.evaluations_per_epoch,
         own.rate_step,
         own.max_rate_steps,
+        own.max_budget_doublings,
         tuple(FULL if b == FULL else int(b) for b in own.seed_batch_sizes),
         (FULL if noise == FULL else int(noise)) if noise else None,
         own.noise_scale_micro_batches,

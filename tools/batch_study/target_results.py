@@ -22,13 +22,14 @@ import numpy as np
 
 from keras_lars.tools import storage
 from keras_lars.tools.batch_study.results import write_table
-from keras_lars.tools.batch_study.target_search import best_step
+from keras_lars.tools.batch_study.target_search import chosen_point
 
 TRIAL_FIELDS = (
     "optimizer",
     "batch_size",
     "seed",
     "rate_step",
+    "budget_step",
     "peak_learning_rate",
     "reached",
     "steps",
@@ -55,12 +56,13 @@ TABLE_FIELDS = (
     "budget_steps",
     "eval_every_steps",
 )
+GRID_FIELDS = ("rate_step", "budget_step")  # the plan's, not the store's: trial_rows
 MIN_FIT_POINTS = 3
 
 
 def table(rows):
-    """One row per (optimizer, batch) of the trial rows: the rate chosen by
-    the seed-0 search, and steps, examples and seconds to the target over the
+    """One row per (optimizer, batch) of the trial rows: the rate and budget
+    chosen by the seed-0 search, and steps, examples and seconds to the target over the
     seeds run at it (means over the seeds that reached it; None when none).
     Steps to the target are those of the first evaluation that reached it,
     known to within the evaluation interval, eval_every_steps."""
@@ -69,11 +71,11 @@ def table(rows):
     keys = dict.fromkeys((r["optimizer"], r["batch_size"]) for r in rows)
     for optimizer, batch in keys:
         mine = [r for r in rows if r["optimizer"] == optimizer and r["batch_size"] == batch]
-        search = {r["rate_step"]: r for r in mine if r["seed"] == 0}
+        search = {(r["rate_step"], r["budget_step"]): r for r in mine if r["seed"] == 0}
         if not search:
             continue
-        chosen = best_step(search)
-        runs = [r for r in mine if r["rate_step"] == chosen]
+        chosen = chosen_point(search)
+        runs = [r for r in mine if (r["rate_step"], r["budget_step"]) == chosen]
         reached = [r for r in runs if r["reached"]]
 
         def mean(name, reached=reached):
@@ -140,9 +142,14 @@ def fit(rows):
 
 def trial_rows(trials, records):
     """The store's rows of `trials` (those it holds), each with its Trial's
-    grid step k: a stored k counts from the centre of the plan that ran it,
-    and a trial is found by key, its rate, whatever its k in this plan."""
-    return [dict(records[t.key]["row"], rate_step=t.rate_step) for t in trials if t.key in records]
+    grid steps k and j: a stored k counts from the centre of the plan that
+    ran it, and a trial is found by key (its rate and budget), whatever its
+    grid steps in this plan."""
+    return [
+        dict(records[t.key]["row"], rate_step=t.rate_step, budget_step=t.budget_step)
+        for t in trials
+        if t.key in records
+    ]
 
 
 def write_target_outputs(study, trials, records, num_train):
@@ -168,6 +175,8 @@ def write_target_outputs(study, trials, records, num_train):
             "warmup_fraction": search.warmup_fraction,
             "evaluations_per_epoch": search.evaluations_per_epoch,
             "rate_step": search.rate_step,
+            "max_rate_steps": search.max_rate_steps,
+            "max_budget_doublings": search.max_budget_doublings,
             "momentum": config.momentum,
             "weight_decay": config.weight_decay,
             "end_learning_rate": config.end_learning_rate,

@@ -19,6 +19,7 @@ from keras_lars.tools.batch_study.cell_store import append_record
 from keras_lars.tools.batch_study.cell_store import load_store
 from keras_lars.tools.batch_study.cells import resolve_batch_sizes
 from keras_lars.tools.batch_study.runner import train_logged
+from keras_lars.tools.batch_study.target_results import GRID_FIELDS
 from keras_lars.tools.batch_study.target_results import TRIAL_FIELDS
 from keras_lars.tools.batch_study.target_results import trial_rows
 from keras_lars.tools.batch_study.target_results import write_target_outputs
@@ -50,6 +51,7 @@ def trial_row(t, summary, wall):
         "batch_size": t.batch_size,
         "seed": t.seed,
         "rate_step": t.rate_step,
+        "budget_step": t.budget_step,
         "peak_learning_rate": t.config.peak_learning_rate,
         "reached": found["reached"],
         "steps": found["step"] if found["reached"] else found["steps"],
@@ -112,7 +114,7 @@ def _run(study, preemption):
     batches = resolve_batch_sizes(study, num_train)
     os.makedirs(study.study_dir, exist_ok=True)
     path = os.path.join(study.study_dir, TRIALS_FILE)
-    records = load_store(path, TRIAL_FIELDS)
+    records = load_store(path, [f for f in TRIAL_FIELDS if f not in GRID_FIELDS])
     seen, trained = [], []
 
     def row_of(t):
@@ -125,8 +127,7 @@ def _run(study, preemption):
                     f"stopped by {preemption.signal} before trial {where}; run the same "
                     "command to go on"
                 )
-            budget = budget_steps(study.search, t.batch_size, num_train)
-            print(f"{where}: up to {budget} steps ...", flush=True)
+            print(f"{where}: up to {t.config.train_steps} steps ...", flush=True)
             try:
                 record = run_trial(t)
             except train.Preempted as error:
@@ -147,7 +148,7 @@ def _run(study, preemption):
         (row,) = trial_rows([t], records)
         return row
 
-    chosen = {}  # (optimizer, batch) -> (centre, k)
+    chosen = {}  # (optimizer, batch) -> (centre, k, j)
     fewest = {}  # optimizer -> (batch, its fewest steps to the target so far)
     for i, batch in enumerate(batches):
         for optimizer in study.optimizers:
@@ -157,26 +158,30 @@ def _run(study, preemption):
                 print(warning, flush=True)
             centre = rule_rate(study, optimizer, batch)
             if i:  # the rate chosen at the batch before, scaled by the rule
-                before, k = chosen[(optimizer, batches[i - 1])]
+                before, k, _ = chosen[(optimizer, batches[i - 1])]
                 ratio = centre / rule_rate(study, optimizer, batches[i - 1])
                 centre = before * study.search.rate_step**k * ratio
             results = {}
             while (k := next_step(results, study.search.max_rate_steps)) is not None:
                 results[k] = row_of(trial(study, optimizer, batch, centre, k, 0, num_train))
             k = best_step(results)
-            chosen[(optimizer, batch)] = (centre, k)
-            best = results[k]
+            budgets = {0: results[k]}  # the schedule's length at the chosen rate
+            while (j := next_step(budgets, study.search.max_budget_doublings)) is not None:
+                budgets[j] = row_of(trial(study, optimizer, batch, centre, k, 0, num_train, 0, j))
+            j = best_step(budgets)
+            chosen[(optimizer, batch)] = (centre, k, j)
+            best = budgets[j]
             if best["reached"] and best["steps"] < fewest.get(optimizer, (0, math.inf))[1]:
                 fewest[optimizer] = (batch, best["steps"])
     for batch in seed_batches(study, batches, num_train):
         for optimizer in study.optimizers:
-            centre, k = chosen[(optimizer, batch)]
+            centre, k, j = chosen[(optimizer, batch)]
             for seed in range(1, study.seeds):
-                row_of(trial(study, optimizer, batch, centre, k, seed, num_train))
+                row_of(trial(study, optimizer, batch, centre, k, seed, num_train, 0, j))
     batch, micro = noise_scale_run(study, num_train)
     for optimizer in study.optimizers if batch else ():
-        centre, k = chosen[(optimizer, batch)]
-        row_of(trial(study, optimizer, batch, centre, k, 0, num_train, micro))
+        centre, k, j = chosen[(optimizer, batch)]
+        row_of(trial(study, optimizer, batch, centre, k, 0, num_train, micro, j))
     write_target_outputs(study, seen, records, num_train)
     print(
         f"study: {len(trained)} trial(s) trained, {len(seen) - len(trained)} found done; "

@@ -4,31 +4,34 @@ more seeds at the chosen rate (Shallue et al. 2019: metaparameters tuned
 separately at every batch size; the fewest steps over the trials counts).
 
 A trial is one run of the training tool (optimizer, batch B, peak rate,
-seed). Its budget at B, with N training examples, is
+budget, seed). Its budget at B, with N training examples, is
 
-    T(B) = max(--min_budget_steps, ceil(--budget_epochs * N / B)) steps,
+    T(B) * 2^j,  T(B) = max(--min_budget_steps, ceil(--budget_epochs * N / B)) steps,
 
-and its schedule is fixed relative to that budget: linear warmup over
---warmup_fraction of T(B), then power-2 decay to --end_learning_rate at T(B)
-(keras_lars.WarmupPolyDecay). It evaluates --evaluations_per_epoch times an
-epoch (every max(1, floor(N / B / that)) steps) and stops at the first
+and its schedule is fitted to that budget: linear warmup over
+--warmup_fraction of it, then power-2 decay to --end_learning_rate at its
+end (keras_lars.WarmupPolyDecay). It evaluates --evaluations_per_epoch times
+an epoch (every max(1, floor(N / B / that)) steps) and stops at the first
 evaluation that reaches the target, or runs out of budget: "not reached".
 
-The search (seed 0) tries rates r_k = c * f^k for integers k, f =
---rate_step. The centre c of the smallest batch is its optimizer's rule rate
-(--base_learning_rates scaled by --lr_scaling); at each larger batch it is the
-rate chosen at the batch before, scaled by the rule from that batch to this.
-It tries k = 0, -1, 1; while the best trial so far (fewest steps to the
-target; of trials that missed it, the highest accuracy) is at the largest or
-smallest k tried, it tries the next k beyond, up to |k| = --max_rate_steps;
-while every trial so far missed the target, also k = best - 2 and best + 2
-(a miss's accuracy is a weak guide to the rate that reaches the target).
-The best trial's rate is chosen; seeds 1 .. --seeds - 1 then run at it, at
+The search (seed 0) first tries rates r_k = c * f^k for integers k, f =
+--rate_step, at the budget T(B) (j = 0). The centre c of the smallest batch
+is its optimizer's rule rate (--base_learning_rates scaled by --lr_scaling);
+at each larger batch it is the rate chosen at the batch before, scaled by
+the rule from that batch to this. It tries k = 0, -1, 1; while the best
+trial so far (fewest steps to the target; of trials that missed it, the
+highest accuracy) is at the largest or smallest k tried, it tries the next k
+beyond, up to |k| = --max_rate_steps; while every trial so far missed the
+target, also k = best - 2 and best + 2 (a miss's accuracy is a weak guide to
+the rate that reaches the target). Then, at the best k, the same walk over
+the budget's j (the schedule's length: a run decaying sooner may reach the
+target in fewer steps), up to |j| = --max_budget_doublings. The best trial's
+rate and budget are chosen; seeds 1 .. --seeds - 1 then run at them, at
 --seed_batch_sizes (default: every batch). With --noise_scale_batch_size,
-each optimizer then trains seed 0 at that batch and its chosen rate once
-more, in --noise_scale_micro_batches micro-batches, measuring the gradient
-noise scale B_simple (McCandlish et al. 2018) up to the target: without
-batch norm that run is the trial's own, to float rounding.
+each optimizer then trains seed 0 at that batch and its choice once more,
+in --noise_scale_micro_batches micro-batches, measuring the gradient noise
+scale B_simple (McCandlish et al. 2018) up to the target: without batch
+norm that run is the trial's own, to float rounding.
 """
 
 import dataclasses
@@ -54,12 +57,14 @@ class Trial:
     seed: int
     config: train.Config
     key: str
+    budget_step: int = 0  # j of the budget T(B) * 2^j
 
     @property
     def name(self):
         noise = "-noise" if self.config.noise_scale else ""
+        budget = f"-t{self.budget_step}" if self.budget_step else ""
         return (
-            f"{self.optimizer}-b{self.batch_size}-k{self.rate_step}-s{self.seed}{noise}-"
+            f"{self.optimizer}-b{self.batch_size}-k{self.rate_step}{budget}-s{self.seed}{noise}-"
             f"{self.key[:10]}"
         )
 
@@ -67,22 +72,28 @@ class Trial:
     def label(self):
         rate = self.config.peak_learning_rate
         noise = f" noise scale in {self.config.gradient_accumulation_steps} micro-batches"
-        return f"{self.optimizer} batch={self.batch_size} rate={rate:.4g} seed={self.seed}" + (
-            noise if self.config.noise_scale else ""
+        budget = f" budget={self.config.train_steps}" if self.budget_step else ""
+        return (
+            f"{self.optimizer} batch={self.batch_size} rate={rate:.4g}{budget} seed={self.seed}"
+            + (noise if self.config.noise_scale else "")
         )
 
 
-def budget_steps(search, batch_size, num_train):
-    """T(B) of the module docstring."""
-    return max(search.min_budget_steps, math.ceil(search.budget_epochs * num_train / batch_size))
+def budget_steps(search, batch_size, num_train, budget_step=0):
+    """T(B) of the module docstring; with `budget_step` j, ceil(T(B) * 2^j)."""
+    budget = max(search.min_budget_steps, math.ceil(search.budget_epochs * num_train / batch_size))
+    return math.ceil(budget * 2.0**budget_step)
 
 
-def trial(study, optimizer, batch_size, centre, rate_step, seed, num_train, micro_batches=0):
-    """The Trial at rate centre * f^rate_step (module docstring); with
-    `micro_batches` >= 2, the same trial in that many micro-batches measuring
-    the gradient noise scale (the tool's --noise_scale)."""
+def trial(
+    study, optimizer, batch_size, centre, rate_step, seed, num_train, micro_batches=0, budget_step=0
+):
+    """The Trial at rate centre * f^rate_step and budget T(B) * 2^budget_step
+    (module docstring); with `micro_batches` >= 2, the same trial in that
+    many micro-batches measuring the gradient noise scale (the tool's
+    --noise_scale)."""
     search = study.search
-    budget = budget_steps(search, batch_size, num_train)
+    budget = budget_steps(search, batch_size, num_train, budget_step)
     epoch = num_train // batch_size  # steps in an epoch (the tool drops the rest)
     rate = centre * search.rate_step**rate_step
     cell = CellSettings(
@@ -114,7 +125,7 @@ def trial(study, optimizer, batch_size, centre, rate_step, seed, num_train, micr
         model_dir=f"{study.study_dir}/trials/{optimizer}-{key}",
         stop_on_divergence=True,
     )
-    return Trial(optimizer, batch_size, rate_step, seed, config, key)
+    return Trial(optimizer, batch_size, rate_step, seed, config, key, budget_step)
 
 
 def budget_warning(optimizer, batch_size, budget, fewest):
@@ -155,7 +166,7 @@ def next_step(results, max_steps):
     """The next k to try given `results` ({k: row} of the trials run), or
     None when the search is done (module docstring)."""
     for k in FIRST_STEPS:
-        if k not in results:
+        if k not in results and abs(k) <= max_steps:
             return k
     best = best_step(results)
     if best == max(results) and best < max_steps:
@@ -168,6 +179,13 @@ def next_step(results, max_steps):
             if abs(k) <= max_steps and k not in results:
                 return k
     return None
+
+
+def chosen_point(rows):
+    """The (k, j) the search chose among its trials ({(k, j): row}): the
+    best k at j = 0, then the best j at that k (module docstring)."""
+    k = best_step({k: r for (k, j), r in rows.items() if j == 0})
+    return k, best_step({j: r for (rate, j), r in rows.items() if rate == k})
 
 
 def seed_batches(study, batches, num_train):
