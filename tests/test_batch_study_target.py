@@ -5,6 +5,7 @@ et al. and a tiny study end to end with its resume."""
 import dataclasses
 import math
 import re
+import warnings
 
 import numpy as np
 import pytest
@@ -189,6 +190,32 @@ def test_the_table_takes_the_search_choice_and_the_seeds_at_it():
     # The rate is chosen at the budget T(B) first: a better trial at another
     # rate's budget walk is not in this search.
     assert target_search.chosen_point({(0, 0): rows[0], (1, -1): trial(0, 1, True, 10)}) == (0, 0)
+
+
+@pytest.mark.parametrize(
+    "batches, steps", [((1024,), (174,)), ((64,), (10,)), ((64, 256), (10, 10))]
+)
+def test_the_plot_of_one_batch_or_equal_steps_draws_without_a_warning(tmp_path, batches, steps):
+    # Log axes of one point, or of a flat curve, used to warn (singular
+    # limits) or collapse the layout (labelled minor ticks).
+    summary = [
+        {
+            "optimizer": "nesterov",
+            "batch_size": b,
+            "steps_mean": s,
+            "steps_min": s,
+            "steps_max": s,
+            "budget_steps": 586,
+        }
+        for b, s in zip(batches, steps)
+    ]
+    summary.append({**summary[0], "optimizer": "lars", "steps_mean": None})
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        target_results.plot(summary, {}, {}, tmp_path / "plot.png", "title")
+    assert (tmp_path / "plot.png").read_bytes()[:4] == b"\x89PNG"
+    assert target_results.at_least_a_factor(100.0, 100.0) == (50.0, 200.0)
+    assert target_results.at_least_a_factor(10.0, 1000.0) == (10.0, 1000.0)
 
 
 @pytest.mark.parametrize(

@@ -200,6 +200,16 @@ def write_target_outputs(study, trials, records, num_train):
     plot(summary, fits, noise, os.path.join(directory, "steps_to_target.png"), title)
 
 
+def at_least_a_factor(low, high, factor=4.0):
+    """Log-axis limits spanning at least `factor`, around their geometric
+    middle: a narrower span labels its minor ticks and can leave the
+    layout no room (one batch, or equal steps everywhere)."""
+    if high >= low * factor:
+        return low, high
+    middle = math.sqrt(low * high)
+    return middle / math.sqrt(factor), middle * math.sqrt(factor)
+
+
 def plot(summary, fits, noise, path, title):
     """Steps and examples to the target against the batch (log-log), one
     colour per optimizer: the seeds' mean with their range, a miss as an x at
@@ -211,6 +221,9 @@ def plot(summary, fits, noise, path, title):
     figure = Figure(figsize=(11, 4.6), dpi=100)
     FigureCanvasAgg(figure)
     steps_axes, examples_axes = figure.subplots(1, 2)
+    for axes in (steps_axes, examples_axes):  # before the data: one point has no range
+        axes.set_xscale("log", base=2)
+        axes.set_yscale("log")
     optimizers = list(dict.fromkeys(r["optimizer"] for r in summary))
     for i, optimizer in enumerate(optimizers):
         colour = f"C{i}"
@@ -247,8 +260,8 @@ def plot(summary, fits, noise, path, title):
         if ((noise.get(optimizer) or {}).get("noise_scale") or 0) > 0:
             steps_axes.axvline(noise[optimizer]["noise_scale"], color=colour, ls="-.", lw=1)
     for axes, label in ((steps_axes, "steps to target"), (examples_axes, "examples to target")):
-        axes.set_xscale("log", base=2)
-        axes.set_yscale("log")
+        axes.set_xlim(*at_least_a_factor(*axes.get_xlim()))
+        axes.set_ylim(*at_least_a_factor(*axes.get_ylim()))
         axes.set_xlabel("global batch size")
         axes.set_ylabel(label)
         axes.grid(True, which="both", alpha=0.3)
