@@ -31,7 +31,8 @@ rate and budget are chosen; seeds 1 .. --seeds - 1 then run at them, at
 each optimizer then trains seed 0 at that batch and its choice once more,
 in --noise_scale_micro_batches micro-batches, measuring the gradient noise
 scale B_simple (McCandlish et al. 2018) up to the target: without batch
-norm that run is the trial's own, to float rounding.
+norm that run starts as the trial's own, to float rounding (which training
+then amplifies).
 """
 
 import dataclasses
