@@ -167,7 +167,9 @@ def _run(study, preemption):
             k = best_step(results)
             budgets = {0: results[k]}  # the schedule's length at the chosen rate
             while (j := next_step(budgets, study.search.max_budget_doublings)) is not None:
-                budgets[j] = row_of(trial(study, optimizer, batch, centre, k, 0, num_train, 0, j))
+                budgets[j] = row_of(
+                    trial(study, optimizer, batch, centre, k, 0, num_train, budget_step=j)
+                )
             j = best_step(budgets)
             chosen[(optimizer, batch)] = (centre, k, j)
             best = budgets[j]
@@ -177,11 +179,11 @@ def _run(study, preemption):
         for optimizer in study.optimizers:
             centre, k, j = chosen[(optimizer, batch)]
             for seed in range(1, study.seeds):
-                row_of(trial(study, optimizer, batch, centre, k, seed, num_train, 0, j))
+                row_of(trial(study, optimizer, batch, centre, k, seed, num_train, budget_step=j))
     batch, micro = noise_scale_run(study, num_train)
     for optimizer in study.optimizers if batch else ():
         centre, k, j = chosen[(optimizer, batch)]
-        row_of(trial(study, optimizer, batch, centre, k, 0, num_train, micro, j))
+        row_of(trial(study, optimizer, batch, centre, k, 0, num_train, micro, budget_step=j))
     write_target_outputs(study, seen, records, num_train)
     print(
         f"study: {len(trained)} trial(s) trained, {len(seen) - len(trained)} found done; "
