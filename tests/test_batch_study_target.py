@@ -192,6 +192,107 @@ def test_the_table_takes_the_search_choice_and_the_seeds_at_it():
     assert target_search.chosen_point({(0, 0): rows[0], (1, -1): trial(0, 1, True, 10)}) == (0, 0)
 
 
+def test_a_seed_that_misses_at_the_choice_moves_it_to_the_next_point_that_reached():
+    def trial(seed, k, steps, j=0):  # steps None: missed
+        reached = steps is not None
+        return {
+            "optimizer": "lamb",
+            "batch_size": 4096,
+            "seed": seed,
+            "rate_step": k,
+            "budget_step": j,
+            "peak_learning_rate": 2.0**k,
+            "reached": reached,
+            "steps": steps or 200 * 2**j,
+            "examples": 4096 * (steps or 200 * 2**j),
+            "seconds": 1.0,
+            "best_val_accuracy": 0.9 if reached else 0.89,
+            "budget_steps": 200 * 2**j,
+            "eval_every_steps": 3,
+        }
+
+    search = [trial(0, 0, 120), trial(0, -1, 90), trial(0, 1, None), trial(0, -2, 100)]
+    search += [trial(0, -1, 95, j=-1), trial(0, -1, 130, j=1)]
+    points = {(r["rate_step"], r["budget_step"]): r for r in search}
+    # The choice, then the two best other points that reached: 95 at j = -1, 100 at k = -2.
+    candidates = target_search.seed_candidates(points)
+    assert candidates == [(-1, 0), (-1, -1), (-2, 0)]
+
+    def chosen(rows):
+        (found,) = target_results.table(rows)
+        return found["chosen_rate"], found["budget_steps"], found["points_seeded"], found
+
+    # A seed missed at the choice, and no seeds ran further: the choice, its miss shown.
+    rows = search + [trial(1, -1, 110), trial(2, -1, None)]
+    rate, budget, seeded, found = chosen(rows)
+    assert (rate, budget, seeded, found["seeds"], found["seeds_reached"]) == (0.5, 200, 1, 3, 2)
+    # Seeds at the next point all reached: it is the choice.
+    rows += [trial(1, -1, 97, j=-1), trial(2, -1, 99, j=-1)]
+    rate, budget, seeded, found = chosen(rows)
+    assert (rate, budget, seeded, found["steps_mean"]) == (0.5, 100, 2, 97.0)
+    # A miss there too: on to the third.
+    rows[-1] = trial(2, -1, None, j=-1)
+    rows += [trial(1, -2, 104), trial(2, -2, 102)]
+    rate, budget, seeded, found = chosen(rows)
+    assert (rate, budget, seeded, found["steps_mean"]) == (0.25, 200, 3, 102.0)
+    # Misses everywhere: the fewest misses, the earlier point on a tie.
+    rows[-1] = trial(2, -2, None)
+    assert chosen(rows)[:3] == (0.5, 200, 3)
+    # A choice that missed with seed 0 has no other point to fall back to.
+    missed = {(0, 0): trial(0, 0, None), (1, 0): trial(0, 1, None)}
+    assert target_search.seed_candidates(missed) == [(0, 0)]
+
+
+def test_the_runner_falls_back_over_the_points_while_a_seed_misses(tmp_path, monkeypatch):
+    # Trained in simulation: steps 50 + 10|k| + 5|j|, so the choice is (0, 0)
+    # and the next points (0, -1) and (0, 1); seed 1 misses at the first two.
+    def outcome(t):
+        missed = t.seed == 1 and (t.rate_step, t.budget_step) in {(0, 0), (0, -1)}
+        steps = 50 + 10 * abs(t.rate_step) + 5 * abs(t.budget_step)
+        row = target_runner.trial_row(
+            t,
+            {
+                "target": {
+                    "reached": not missed,
+                    "step": steps,
+                    "steps": t.config.train_steps,
+                    "examples": t.batch_size * (t.config.train_steps if missed else steps),
+                    "seconds": 1.0,
+                    "noise_scale": 7.0,
+                },
+                "evaluations": [{"step": steps, "val_accuracy": 0.5 if missed else 0.9}],
+                "history": [],
+            },
+            1.0,
+        )
+        return {"key": t.key, "row": row, "evaluations": []}
+
+    monkeypatch.setattr(target_runner, "run_trial", outcome)
+    study = parse(
+        *TARGET,
+        "--model=simple_cnn",
+        "--image_size=8",
+        "--optimizers=lars",
+        "--batch_sizes=64",
+        "--train_examples=512",
+        "--budget_epochs=5",
+        "--min_budget_steps=20",
+        "--max_rate_steps=1",
+        "--seeds=2",
+        "--noise_scale_batch_size=64",
+        "--noise_scale_micro_batches=2",
+        f"--study_dir={tmp_path}",
+    )
+    rows, _ = batch_study.run_target_study(study)
+    seeds = [(r["rate_step"], r["budget_step"]) for r in rows if r["seed"] == 1]
+    assert seeds == [(0, 0), (0, -1), (0, 1)]
+    (noise,) = [r for r in rows if "noise_scale" in r]
+    assert (noise["rate_step"], noise["budget_step"], noise["budget_steps"]) == (0, 1, 80)
+    (found,) = read_csv(tmp_path / "steps_to_target.csv")
+    assert (int(found["budget_steps"]), int(found["points_seeded"])) == (80, 3)
+    assert float(found["steps_mean"]) == 55.0
+
+
 @pytest.mark.parametrize(
     "batches, steps", [((1024,), (174,)), ((64,), (10,)), ((64, 256), (10, 10))]
 )

@@ -22,7 +22,8 @@ import numpy as np
 
 from keras_lars.tools import storage
 from keras_lars.tools.batch_study.results import write_table
-from keras_lars.tools.batch_study.target_search import chosen_point
+from keras_lars.tools.batch_study.target_search import seed_candidates
+from keras_lars.tools.batch_study.target_search import seeded_point
 
 TRIAL_FIELDS = (
     "optimizer",
@@ -46,6 +47,7 @@ TABLE_FIELDS = (
     "batch_size",
     "chosen_rate",
     "search_trials",
+    "points_seeded",
     "seeds",
     "seeds_reached",
     "steps_mean",
@@ -62,8 +64,10 @@ MIN_FIT_POINTS = 3
 
 def table(rows):
     """One row per (optimizer, batch) of the trial rows: the rate and budget
-    chosen by the seed-0 search, and steps, examples and seconds to the target over the
-    seeds run at it (means over the seeds that reached it; None when none).
+    chosen (target_search.seeded_point: the seed-0 search's choice, or the
+    next-best point where a seed missed there), the points the seeds ran at,
+    and steps, examples and seconds to the target over the seeds run at the
+    choice (means over the seeds that reached it; None when none).
     Steps to the target are those of the first evaluation that reached it,
     known to within the evaluation interval, eval_every_steps."""
     found = []
@@ -74,8 +78,12 @@ def table(rows):
         search = {(r["rate_step"], r["budget_step"]): r for r in mine if r["seed"] == 0}
         if not search:
             continue
-        chosen = chosen_point(search)
-        runs = [r for r in mine if (r["rate_step"], r["budget_step"]) == chosen]
+        at = {}  # (k, j) -> every seed's row there
+        for r in mine:
+            at.setdefault((r["rate_step"], r["budget_step"]), []).append(r)
+        candidates = seed_candidates(search)
+        chosen = seeded_point(candidates, at)
+        runs = at[chosen]
         reached = [r for r in runs if r["reached"]]
 
         def mean(name, reached=reached):
@@ -87,6 +95,7 @@ def table(rows):
                 "batch_size": batch,
                 "chosen_rate": search[chosen]["peak_learning_rate"],
                 "search_trials": len(search),
+                "points_seeded": sum(len(at.get(p, ())) > 1 for p in candidates),
                 "seeds": len(runs),
                 "seeds_reached": len(reached),
                 "steps_mean": mean("steps"),

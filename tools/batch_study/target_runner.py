@@ -30,6 +30,8 @@ from keras_lars.tools.batch_study.target_search import next_step
 from keras_lars.tools.batch_study.target_search import noise_scale_run
 from keras_lars.tools.batch_study.target_search import rule_rate
 from keras_lars.tools.batch_study.target_search import seed_batches
+from keras_lars.tools.batch_study.target_search import seed_candidates
+from keras_lars.tools.batch_study.target_search import seeded_point
 from keras_lars.tools.batch_study.target_search import trial
 from keras_lars.tools.train.loop import Diverged
 
@@ -149,6 +151,7 @@ def _run(study, preemption):
         return row
 
     chosen = {}  # (optimizer, batch) -> (centre, k, j)
+    searched = {}  # (optimizer, batch) -> {(k, j): seed 0's row}
     fewest = {}  # optimizer -> (batch, its fewest steps to the target so far)
     for i, batch in enumerate(batches):
         for optimizer in study.optimizers:
@@ -172,14 +175,26 @@ def _run(study, preemption):
                 )
             j = best_step(budgets)
             chosen[(optimizer, batch)] = (centre, k, j)
+            searched[(optimizer, batch)] = {(s, 0): row for s, row in results.items()} | {
+                (k, b): row for b, row in budgets.items()
+            }
             best = budgets[j]
             if best["reached"] and best["steps"] < fewest.get(optimizer, (0, math.inf))[1]:
                 fewest[optimizer] = (batch, best["steps"])
     for batch in seed_batches(study, batches, num_train):
         for optimizer in study.optimizers:
-            centre, k, j = chosen[(optimizer, batch)]
-            for seed in range(1, study.seeds):
-                row_of(trial(study, optimizer, batch, centre, k, seed, num_train, budget_step=j))
+            centre = chosen[(optimizer, batch)][0]
+            search = searched[(optimizer, batch)]
+            candidates, runs = seed_candidates(search), {}
+            for k, j in candidates:  # on to the next point while a seed misses
+                seeds = [
+                    trial(study, optimizer, batch, centre, k, seed, num_train, budget_step=j)
+                    for seed in range(1, study.seeds)
+                ]
+                runs[(k, j)] = [search[(k, j)], *map(row_of, seeds)]
+                if all(r["reached"] for r in runs[(k, j)]):
+                    break
+            chosen[(optimizer, batch)] = (centre, *seeded_point(candidates, runs))
     batch, micro = noise_scale_run(study, num_train)
     for optimizer in study.optimizers if batch else ():
         centre, k, j = chosen[(optimizer, batch)]

@@ -27,7 +27,11 @@ the rate that reaches the target). Then, at the best k, the same walk over
 the budget's j (the schedule's length: a run decaying sooner may reach the
 target in fewer steps), up to |j| = --max_budget_doublings. The best trial's
 rate and budget are chosen; seeds 1 .. --seeds - 1 then run at them, at
---seed_batch_sizes (default: every batch). With --noise_scale_batch_size,
+--seed_batch_sizes (default: every batch). Chosen on one seed, a point at the
+edge of reach may be a lucky seed's (the winner's curse): when a seed there
+misses the target, the seeds run at the search's next-best point that reached
+it (fewest steps first), up to SEED_FALLBACKS more points, and the first point
+whose seeds all reach it is the batch's choice. With --noise_scale_batch_size,
 each optimizer then trains seed 0 at that batch and its choice once more,
 in --noise_scale_micro_batches micro-batches, measuring the gradient noise
 scale B_simple (McCandlish et al. 2018) up to the target: without batch
@@ -46,6 +50,7 @@ from keras_lars.tools.settings import ConfigError
 
 FIRST_STEPS = (0, -1, 1)
 MISSED_REACH = 2  # while every trial missed: k = best - 2 and best + 2 too
+SEED_FALLBACKS = 2  # further points the seeds may run at when one missed at the choice
 
 
 @dataclasses.dataclass(frozen=True)
@@ -187,6 +192,30 @@ def chosen_point(rows):
     best k at j = 0, then the best j at that k (module docstring)."""
     k = best_step({k: r for (k, j), r in rows.items() if j == 0})
     return k, best_step({j: r for (rate, j), r in rows.items() if rate == k})
+
+
+def seed_candidates(search):
+    """The points (k, j) the seeds may run at, in order, from the seed-0
+    search ({(k, j): row}): its choice, then, when that reached the target,
+    up to SEED_FALLBACKS of its other points that reached it, best first."""
+    first = chosen_point(search)
+    if not search[first]["reached"]:
+        return [first]
+    others = [p for p, r in search.items() if r["reached"] and p != first]
+    others.sort(key=lambda p: (score(search[p]), abs(p[1]), abs(p[0]), p))
+    return [first, *others[:SEED_FALLBACKS]]
+
+
+def seeded_point(candidates, runs):
+    """The batch's choice among `candidates` (seed_candidates) given `runs`
+    ({(k, j): rows of every seed run there}): the first whose seeds all
+    reached the target, among the first and those the seeds ran at after it;
+    when none did, the one with the fewest misses, the earlier on a tie."""
+    tried = [p for i, p in enumerate(candidates) if i == 0 or len(runs.get(p, ())) > 1]
+    for point in tried:
+        if all(r["reached"] for r in runs[point]):
+            return point
+    return min(tried, key=lambda p: (sum(not r["reached"] for r in runs[p]), tried.index(p)))
 
 
 def seed_batches(study, batches, num_train):
