@@ -243,41 +243,49 @@ def test_a_seed_that_misses_at_the_choice_moves_it_to_the_next_point_that_reache
     assert target_search.seed_candidates(missed) == [(0, 0)]
 
 
-def test_the_runner_falls_back_over_the_points_while_a_seed_misses(tmp_path, monkeypatch):
-    # Trained in simulation: steps 50 + 10|k| + 5|j|, so the choice is (0, 0)
-    # and the next points (0, -1) and (0, 1); seed 1 misses at the first two.
-    def outcome(t):
-        missed = t.seed == 1 and (t.rate_step, t.budget_step) in {(0, 0), (0, -1)}
-        steps = 50 + 10 * abs(t.rate_step) + 5 * abs(t.budget_step)
-        row = target_runner.trial_row(
-            t,
-            {
-                "target": {
-                    "reached": not missed,
-                    "step": steps,
-                    "steps": t.config.train_steps,
-                    "examples": t.batch_size * (t.config.train_steps if missed else steps),
-                    "seconds": 1.0,
-                    "noise_scale": 7.0,
-                },
-                "evaluations": [{"step": steps, "val_accuracy": 0.5 if missed else 0.9}],
-                "history": [],
-            },
-            1.0,
-        )
-        return {"key": t.key, "row": row, "evaluations": []}
+def simulated(missed=lambda t: False):
+    """A stand-in for target_runner.run_trial: trial t reaches the target in
+    50 + 10|k| + 5|j| steps, unless missed(t)."""
 
+    def run_trial(t):
+        steps = 50 + 10 * abs(t.rate_step) + 5 * abs(t.budget_step)
+        reached = not missed(t)
+        target = {
+            "reached": reached,
+            "step": steps,
+            "steps": t.config.train_steps,
+            "examples": t.batch_size * (steps if reached else t.config.train_steps),
+            "seconds": 1.0,
+            "noise_scale": 7.0,
+        }
+        evaluations = [{"step": steps, "val_accuracy": 0.9 if reached else 0.5}]
+        summary = {"target": target, "evaluations": evaluations, "history": []}
+        return {"key": t.key, "row": target_runner.trial_row(t, summary, 1.0), "evaluations": []}
+
+    return run_trial
+
+
+SIMULATED = [
+    *TARGET,
+    "--model=simple_cnn",
+    "--image_size=8",
+    "--optimizers=lars",
+    "--train_examples=512",
+    "--budget_epochs=5",
+    "--min_budget_steps=20",
+    "--max_rate_steps=1",
+]
+
+
+def test_the_runner_falls_back_over_the_points_while_a_seed_misses(tmp_path, monkeypatch):
+    # Simulated trials: the choice is (0, 0) and the next points (0, -1) and
+    # (0, 1); seed 1 misses at the first two.
+    misses = {(0, 0), (0, -1)}
+    outcome = simulated(lambda t: t.seed == 1 and (t.rate_step, t.budget_step) in misses)
     monkeypatch.setattr(target_runner, "run_trial", outcome)
     study = parse(
-        *TARGET,
-        "--model=simple_cnn",
-        "--image_size=8",
-        "--optimizers=lars",
+        *SIMULATED,
         "--batch_sizes=64",
-        "--train_examples=512",
-        "--budget_epochs=5",
-        "--min_budget_steps=20",
-        "--max_rate_steps=1",
         "--seeds=2",
         "--noise_scale_batch_size=64",
         "--noise_scale_micro_batches=2",
@@ -291,6 +299,33 @@ def test_the_runner_falls_back_over_the_points_while_a_seed_misses(tmp_path, mon
     (found,) = read_csv(tmp_path / "steps_to_target.csv")
     assert (int(found["budget_steps"]), int(found["points_seeded"])) == (80, 3)
     assert float(found["steps_mean"]) == 55.0
+
+
+def test_tables_written_part_way_keep_what_the_store_holds(tmp_path, monkeypatch):
+    # Batch-major order: a rerun with a larger batch trains its search before
+    # it comes to the seeds of the batch before, which the store holds; the
+    # tables written after its first trial still have them.
+    monkeypatch.setattr(target_runner, "run_trial", simulated())
+    args = [*SIMULATED, "--seeds=2", "--seed_batch_sizes=64", f"--study_dir={tmp_path}"]
+    batch_study.run_target_study(parse(*args, "--batch_sizes=64"))
+    (before,) = read_csv(tmp_path / "steps_to_target.csv")
+    assert (before["seeds"], before["seeds_reached"]) == ("2", "2")
+    first_trials = read_csv(tmp_path / "trials.csv")
+    trained = []
+
+    def stopped_at_the_second(t):
+        trained.append(t.key)
+        if len(trained) == 2:
+            raise train.Preempted("stopped by SIGTERM")
+        return simulated()(t)
+
+    monkeypatch.setattr(target_runner, "run_trial", stopped_at_the_second)
+    with pytest.raises(train.Preempted):
+        batch_study.run_target_study(parse(*args, "--batch_sizes=64,256"))
+    after = read_csv(tmp_path / "steps_to_target.csv")
+    assert after[0] == before
+    assert (after[1]["batch_size"], after[1]["search_trials"]) == ("256", "1")
+    assert read_csv(tmp_path / "trials.csv")[:-1] == first_trials  # and the new one
 
 
 @pytest.mark.parametrize(

@@ -1,9 +1,11 @@
 """Running a steps-to-target study (target_search.py): batch by batch, each
 optimizer's rate search, then the extra seeds; every trial the store lacks is
 trained with the training tool and appended to trials.jsonl, and the results
-are rewritten after it. Batch-major order keeps the optimizers side by side
-when a study is stopped part way."""
+are rewritten after it, from the trials run so far and those of the plan the
+store held when the run began (walk). Batch-major order keeps the optimizers
+side by side when a study is stopped part way."""
 
+import contextlib
 import dataclasses
 import gc
 import math
@@ -100,6 +102,83 @@ def run_trial(t):
     }
 
 
+class NotStored(Exception):
+    """A trial the store lacks, met by the walk over what it holds."""
+
+
+def walk(study, batches, num_train, row_of, warn):
+    """Walks the study's plan (target_search's docstring) in its order,
+    calling row_of(Trial), which returns the trial's row or raises
+    NotStored; `warn` gets the budget warnings. An optimizer whose search
+    meets NotStored stops there (its later batches depend on that trial),
+    and so do the seeds and the noise-scale run of a batch that meets it."""
+    chosen = {}  # (optimizer, batch) -> (centre, k, j)
+    searched = {}  # (optimizer, batch) -> {(k, j): seed 0's row}
+    fewest = {}  # optimizer -> (batch, its fewest steps to the target so far)
+    stopped = set()  # optimizers, and (optimizer, batch) of seeds, that met NotStored
+    for i, batch in enumerate(batches):
+        for optimizer in study.optimizers:
+            if optimizer in stopped:
+                continue
+            budget = budget_steps(study.search, batch, num_train)
+            warning = budget_warning(optimizer, batch, budget, fewest.get(optimizer))
+            if warning:
+                warn(warning)
+            centre = rule_rate(study, optimizer, batch)
+            if i:  # the rate chosen at the batch before, scaled by the rule
+                before, k, _ = chosen[(optimizer, batches[i - 1])]
+                ratio = centre / rule_rate(study, optimizer, batches[i - 1])
+                centre = before * study.search.rate_step**k * ratio
+            try:
+                results = {}
+                while (k := next_step(results, study.search.max_rate_steps)) is not None:
+                    results[k] = row_of(trial(study, optimizer, batch, centre, k, 0, num_train))
+                k = best_step(results)
+                budgets = {0: results[k]}  # the schedule's length at the chosen rate
+                while (j := next_step(budgets, study.search.max_budget_doublings)) is not None:
+                    budgets[j] = row_of(
+                        trial(study, optimizer, batch, centre, k, 0, num_train, budget_step=j)
+                    )
+            except NotStored:
+                stopped.add(optimizer)
+                continue
+            j = best_step(budgets)
+            chosen[(optimizer, batch)] = (centre, k, j)
+            searched[(optimizer, batch)] = {(s, 0): row for s, row in results.items()} | {
+                (k, b): row for b, row in budgets.items()
+            }
+            best = budgets[j]
+            if best["reached"] and best["steps"] < fewest.get(optimizer, (0, math.inf))[1]:
+                fewest[optimizer] = (batch, best["steps"])
+    for batch in seed_batches(study, batches, num_train):
+        for optimizer in study.optimizers:
+            if (optimizer, batch) not in searched:
+                continue
+            centre = chosen[(optimizer, batch)][0]
+            search = searched[(optimizer, batch)]
+            candidates, runs = seed_candidates(search), {}
+            try:
+                for k, j in candidates:  # on to the next point while a seed misses
+                    seeds = [
+                        trial(study, optimizer, batch, centre, k, seed, num_train, budget_step=j)
+                        for seed in range(1, study.seeds)
+                    ]
+                    runs[(k, j)] = [search[(k, j)], *map(row_of, seeds)]
+                    if all(r["reached"] for r in runs[(k, j)]):
+                        break
+            except NotStored:
+                stopped.add((optimizer, batch))
+                continue
+            chosen[(optimizer, batch)] = (centre, *seeded_point(candidates, runs))
+    batch, micro = noise_scale_run(study, num_train)
+    for optimizer in study.optimizers if batch else ():
+        if (optimizer, batch) in chosen and (optimizer, batch) not in stopped:
+            centre, k, j = chosen[(optimizer, batch)]
+            noise = trial(study, optimizer, batch, centre, k, 0, num_train, micro, budget_step=j)
+            with contextlib.suppress(NotStored):
+                row_of(noise)
+
+
 def run_target_study(study):
     """Runs the trials of the steps-to-target `study` that the store lacks;
     returns (rows of the study's trials, keys of those trained by this
@@ -117,6 +196,16 @@ def _run(study, preemption):
     os.makedirs(study.study_dir, exist_ok=True)
     path = os.path.join(study.study_dir, TRIALS_FILE)
     records = load_store(path, [f for f in TRIAL_FIELDS if f not in GRID_FIELDS])
+    stored = []  # the trials of this plan the store holds, up to the first it lacks
+
+    def stored_row(t):
+        if t.key not in records:
+            raise NotStored(t.key)
+        stored.append(t)
+        (row,) = trial_rows([t], records)
+        return row
+
+    walk(study, batches, num_train, stored_row, warn=lambda line: None)
     seen, trained = [], []
 
     def row_of(t):
@@ -145,60 +234,14 @@ def _run(study, preemption):
                 flush=True,
             )
         seen.append(t)
-        if trained and trained[-1] == t.key:
-            write_target_outputs(study, seen, records, num_train)
+        if trained and trained[-1] == t.key:  # with what the store held, for whole tables
+            keys = {s.key for s in stored}
+            so_far = stored + [s for s in seen if s.key not in keys]
+            write_target_outputs(study, so_far, records, num_train)
         (row,) = trial_rows([t], records)
         return row
 
-    chosen = {}  # (optimizer, batch) -> (centre, k, j)
-    searched = {}  # (optimizer, batch) -> {(k, j): seed 0's row}
-    fewest = {}  # optimizer -> (batch, its fewest steps to the target so far)
-    for i, batch in enumerate(batches):
-        for optimizer in study.optimizers:
-            budget = budget_steps(study.search, batch, num_train)
-            warning = budget_warning(optimizer, batch, budget, fewest.get(optimizer))
-            if warning:
-                print(warning, flush=True)
-            centre = rule_rate(study, optimizer, batch)
-            if i:  # the rate chosen at the batch before, scaled by the rule
-                before, k, _ = chosen[(optimizer, batches[i - 1])]
-                ratio = centre / rule_rate(study, optimizer, batches[i - 1])
-                centre = before * study.search.rate_step**k * ratio
-            results = {}
-            while (k := next_step(results, study.search.max_rate_steps)) is not None:
-                results[k] = row_of(trial(study, optimizer, batch, centre, k, 0, num_train))
-            k = best_step(results)
-            budgets = {0: results[k]}  # the schedule's length at the chosen rate
-            while (j := next_step(budgets, study.search.max_budget_doublings)) is not None:
-                budgets[j] = row_of(
-                    trial(study, optimizer, batch, centre, k, 0, num_train, budget_step=j)
-                )
-            j = best_step(budgets)
-            chosen[(optimizer, batch)] = (centre, k, j)
-            searched[(optimizer, batch)] = {(s, 0): row for s, row in results.items()} | {
-                (k, b): row for b, row in budgets.items()
-            }
-            best = budgets[j]
-            if best["reached"] and best["steps"] < fewest.get(optimizer, (0, math.inf))[1]:
-                fewest[optimizer] = (batch, best["steps"])
-    for batch in seed_batches(study, batches, num_train):
-        for optimizer in study.optimizers:
-            centre = chosen[(optimizer, batch)][0]
-            search = searched[(optimizer, batch)]
-            candidates, runs = seed_candidates(search), {}
-            for k, j in candidates:  # on to the next point while a seed misses
-                seeds = [
-                    trial(study, optimizer, batch, centre, k, seed, num_train, budget_step=j)
-                    for seed in range(1, study.seeds)
-                ]
-                runs[(k, j)] = [search[(k, j)], *map(row_of, seeds)]
-                if all(r["reached"] for r in runs[(k, j)]):
-                    break
-            chosen[(optimizer, batch)] = (centre, *seeded_point(candidates, runs))
-    batch, micro = noise_scale_run(study, num_train)
-    for optimizer in study.optimizers if batch else ():
-        centre, k, j = chosen[(optimizer, batch)]
-        row_of(trial(study, optimizer, batch, centre, k, 0, num_train, micro, budget_step=j))
+    walk(study, batches, num_train, row_of, warn=lambda line: print(line, flush=True))
     write_target_outputs(study, seen, records, num_train)
     print(
         f"study: {len(trained)} trial(s) trained, {len(seen) - len(trained)} found done; "
