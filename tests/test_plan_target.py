@@ -52,11 +52,29 @@ def settings(**values):
     return cli.PlanSettings(**values)
 
 
-def write_study(directory, document=FIT):
+def write_study(directory, document=FIT, table=None):
+    """A study's fit.json and, given its rows, steps_to_target.json."""
     os.makedirs(directory, exist_ok=True)
     with open(os.path.join(directory, "fit.json"), "w") as f:
         json.dump(document, f)
+    if table is not None:
+        with open(os.path.join(directory, "steps_to_target.json"), "w") as f:
+            json.dump({"study": document["study"], "rows": table}, f)
     return str(directory)
+
+
+def tuned_row(optimizer, batch, rate, budget):
+    """A row of a study's steps_to_target.json (the fields the planner reads)."""
+    return dict(optimizer=optimizer, batch_size=batch, chosen_rate=rate, budget_steps=budget)
+
+
+TABLE = [
+    tuned_row("lamb", 32, 0.0035, 135),
+    tuned_row("lamb", 128, 0.007, 34),
+    tuned_row("lamb", 512, 0.0141, 20),
+    tuned_row("lamb", 1024, 0.02, 20),  # not fitted (a seed missed): no tuned rate there
+    tuned_row("sgd", 128, 0.05, 34),
+]
 
 
 def write_run(directory, rate=500.0, batch=256, replicas=1, **config):
@@ -88,6 +106,20 @@ def test_a_study_fit_gives_the_curve_and_its_measured_batches(tmp_path):
     assert measured.source.endswith(
         "lamb, fitted on batches 32, 128, 512; measured noise scale B_simple 250 at batch 512 "
         "(the study's, beside this B_crit)"
+    )
+
+
+def test_a_study_table_gives_the_rates_it_tuned_at_the_fitted_batches(tmp_path):
+    curve = target_curve.study_curve(write_study(tmp_path / "study", table=TABLE), "lamb")
+    assert curve.tuned == ((32, 0.0035, 135), (128, 0.007, 34), (512, 0.0141, 20))
+    assert curve.tuned_at(128) == (0.007, 34) and curve.tuned_at(1024) is None
+    assert target_curve.study_curve(write_study(tmp_path / "old"), "lamb").tuned == ()
+    bad = write_study(tmp_path / "bad", table=[{"optimizer": "lamb", "batch_size": 32}])
+    with pytest.raises(ConfigError) as raised:
+        target_curve.study_curve(bad, "lamb")
+    assert str(raised.value) == (
+        f"--target_study={bad}: {bad}/steps_to_target.json: its rows are not a steps-to-target "
+        "table (optimizer, batch_size, chosen_rate, budget_steps)."
     )
 
 
@@ -243,6 +275,22 @@ def test_the_report_from_a_study_and_a_run(tmp_path):
     ) in tta.report(other, report.duration).splitlines()
     assert lines[-2].startswith("fastest   batch ") and lines[-1].startswith("cheapest  batch ")
     assert not any(line.lstrip().startswith("2,048") for line in lines)  # > the 1,437 examples
+    assert not any(line.startswith("rates ") for line in lines)  # no table: no rates
+    # With the study's table: its tuned rates, and those of the choices where it tuned one.
+    tuned = dict(vars(options), target_study=write_study(tmp_path / "tuned", table=TABLE))
+    lines = tta.report(settings(**tuned), report.duration).splitlines()
+    assert lines[2] == (
+        "rates     the study's tuned peak rate and schedule length by batch: 32: 0.0035 over "
+        "135 steps, 128: 0.007 over 34 steps, 512: 0.0141 over 20 steps"
+    )
+    expected = {32: "0.0035 over a 135", 128: "0.007 over a 34", 512: "0.0141 over a 20"}
+    for line in lines[-2:]:  # fastest, cheapest
+        batch = int(line.split()[2].replace(",", ""))
+        assert line.endswith(
+            f"; peak rate {expected[batch]}-step schedule (tuned by the study)"
+            if batch in expected
+            else "; the study tuned no rate at this batch"
+        ), line
 
 
 # --- bad input: one line naming the flag and the file --------------------------------------------
@@ -340,7 +388,8 @@ def test_bad_curves_and_runs_are_one_line(tmp_path, monkeypatch, capsys):
 
 
 def test_the_planning_page_example_is_what_the_planner_prints(tmp_path):
-    # the study's fit and the run's summary as the page's commands wrote them (2026-12-05)
+    # the study's fit and table and the run's summary as the page's commands wrote them
+    # (2026-12-05; the table's rows 2026-12-06, the same fit)
     fit = {
         "study": dict(FIT["study"], train_examples=1438, image_size=16, optimizers=["lamb"]),
         "fits": {
@@ -352,7 +401,12 @@ def test_the_planning_page_example_is_what_the_planner_prints(tmp_path):
             }
         },
     }
-    study = write_study(tmp_path / "tta_study", fit)
+    table = [
+        tuned_row("lamb", 32, 0.003535533905932738, 135),
+        tuned_row("lamb", 128, 0.007071067811865476, 34),
+        tuned_row("lamb", 512, 0.007071067811865476, 20),
+    ]
+    study = write_study(tmp_path / "tta_study", fit, table)
     run = write_run(tmp_path / "tta_run", rate=4279.4, batch=128, image_size=16)
     options = settings(target_study=study, from_run=run, target_devices="1,2,4,8,16")
     text = tta.report(options, report.duration).replace(str(tmp_path), "/tmp")

@@ -12,7 +12,9 @@ twice the fewest examples. The sources:
 
     a steps-to-target study   `keras-lars-study --mode=steps_to_target`'s
                               fit.json, one optimizer's fit (S_min, E_min over
-                              the batches where every seed reached the target)
+                              the batches where every seed reached the target),
+                              and from its steps_to_target.json the peak rate
+                              and schedule length it tuned at those batches
     S_min and B_crit (or E_min), given
     a gradient noise scale    B_noise ~ B_crit (the paper's B_simple predicts
                               B_crit) and one measured point, S_1 steps at
@@ -29,6 +31,7 @@ import os
 from keras_lars.tools.settings import ConfigError
 
 FIT_FILE = "fit.json"  # tools/batch_study/target_results.write_target_outputs
+TABLE_FILE = "steps_to_target.json"  # the same study's table
 
 
 @dataclasses.dataclass(frozen=True)
@@ -46,6 +49,11 @@ class StepsCurve:
     target: str = ""  # "accuracy 0.9 of simple_cnn on fashion_mnist" where known
     model: str = ""  # the model the study trained, where known
     image_size: int = 0  # and its image side
+    tuned: tuple = ()  # (batch, peak rate, schedule steps) the study chose, where known
+
+    def tuned_at(self, batch):
+        """(peak rate, schedule steps) the study tuned at `batch`, or None."""
+        return next(((r, t) for b, r, t in self.tuned if b == batch), None)
 
     @property
     def b_crit(self):
@@ -172,6 +180,7 @@ def study_curve(directory, optimizer):
     target = (
         f"accuracy {study.get('target_accuracy')} of {study.get('model')} on {study.get('dataset')}"
     )
+    tuned = _tuned(directory, flag, optimizer, batches)
     examples = study.get("train_examples")
     return StepsCurve(
         s_min,
@@ -183,7 +192,31 @@ def study_curve(directory, optimizer):
         target=target,
         model=study.get("model") if isinstance(study.get("model"), str) else "",
         image_size=study.get("image_size") if isinstance(study.get("image_size"), int) else 0,
+        tuned=tuned,
     )
+
+
+def _tuned(directory, flag, optimizer, batches):
+    """((batch, peak rate, schedule steps), ...) that the study's table chose
+    for `optimizer` at the fitted `batches` (those where every seed reached
+    the target); () when the study has no table (an older study)."""
+    path = os.path.join(directory, TABLE_FILE)
+    if not os.path.exists(path):
+        return ()
+    document = read_json(flag, path)
+    rows = document.get("rows") if isinstance(document, dict) else None
+    try:
+        found = {
+            int(r["batch_size"]): (float(r["chosen_rate"]), int(r["budget_steps"]))
+            for r in rows
+            if r["optimizer"] == optimizer and int(r["batch_size"]) in batches
+        }
+    except (KeyError, TypeError, ValueError):
+        raise ConfigError(
+            f"{flag}: {path}: its rows are not a steps-to-target table "
+            "(optimizer, batch_size, chosen_rate, budget_steps)."
+        ) from None
+    return tuple((b, *found[b]) for b in sorted(found))
 
 
 def source_flags(options):

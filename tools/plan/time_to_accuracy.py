@@ -332,6 +332,7 @@ def report(options, duration):
     lines = [
         f"time to {curve.target or 'the target'}: {curve.equation()}",
         f"curve     {curve.source}",
+        *([_tuned_line(curve)] if curve.tuned else []),
         speed_line(options, run, scale),
         f"cluster   {options.devices_per_node} devices a node, {options.algorithm} all-reduce "
         f"of {options.gradient_dtype} gradients, overlap {'on' if options.overlap else 'off'}",
@@ -378,6 +379,23 @@ def report(options, duration):
             f"{f' x {c.accumulation} micro-batches' if c.accumulation > 1 else ''}: "
             f"{duration(c.seconds)}, {c.device_hours:.3g} device-hours "
             f"({_steps_text(c.steps)} steps of {c.step.step * 1e3:.1f} ms)"
-            f"{' (extrapolated)' if c.extrapolated else ''}"
+            f"{' (extrapolated)' if c.extrapolated else ''}{_tuned_text(curve, c.batch)}"
         )
     return "\n".join(lines)
+
+
+def _tuned_line(curve):
+    """The study's tuned peak rate and schedule length at each batch it fitted."""
+    found = ", ".join(f"{b:,}: {r:.4g} over {t:,} steps" for b, r, t in curve.tuned)
+    return f"rates     the study's tuned peak rate and schedule length by batch: {found}"
+
+
+def _tuned_text(curve, batch):
+    """'; peak rate r over a t-step schedule (tuned by the study)' for a batch
+    the study tuned; a warning for one it did not; '' without a study table."""
+    if not curve.tuned:
+        return ""
+    found = curve.tuned_at(batch)
+    if found is None:
+        return "; the study tuned no rate at this batch"
+    return f"; peak rate {found[0]:.4g} over a {found[1]:,}-step schedule (tuned by the study)"
