@@ -495,8 +495,11 @@ def test_a_trial_that_diverges_stops_there_and_is_not_reached(tmp_path, capsys):
     )
     t = target_search.trial(study, "nesterov", 64, 1e12, 0, 0, 512)  # budget 32 steps
     assert t.config.stop_on_divergence
+    assert t.config.collapse_patience == target_search.COLLAPSE_PATIENCE == 10
     # Stopping there changes no outcome, so the key is the run's to its budget.
-    on = dataclasses.replace(t.config, stop_on_divergence=False, model_dir=study.study_dir)
+    on = dataclasses.replace(
+        t.config, stop_on_divergence=False, collapse_patience=0, model_dir=study.study_dir
+    )
     assert cell_key(on) == t.key
     record = target_runner.run_trial(t)
     row = record["row"]
@@ -508,3 +511,20 @@ def test_a_trial_that_diverges_stops_there_and_is_not_reached(tmp_path, capsys):
     assert row["best_val_accuracy"] == max(
         (e["val_accuracy"] for e in record["evaluations"]), default=0.0
     )
+
+
+def test_a_collapsed_trial_is_not_reached_with_the_seconds_and_step_of_its_stop():
+    # The tool's summary of a trial that collapsed (tools/train/target.py).
+    t = target_search.trial(parse(*TARGET), "nesterov", 64, 0.1, 0, 0, 512)
+    stop = {"step": 24, "examples": 24 * 64, "seconds": 12.5, "val_accuracy": 0.1}
+    budget = t.config.train_steps
+    found = {"reached": False, "steps": budget, "examples": budget * 64, "collapsed": stop}
+    evaluations = [{"step": 8, "val_accuracy": 0.6}, stop]
+    history = [{"seconds": 10.0}]  # the epochs before the stop's
+    summary = {"target": found, "evaluations": evaluations, "history": history}
+    row = target_runner.trial_row(t, summary, 20.0)
+    assert (row["reached"], row["steps"], row["examples"]) == (False, budget, budget * 64)
+    assert (row["seconds"], row["collapsed_step"], row["best_val_accuracy"]) == (12.5, 24, 0.6)
+    del found["collapsed"]  # trained on to its budget
+    row = target_runner.trial_row(t, summary, 20.0)
+    assert row["seconds"] == 10.0 and "collapsed_step" not in row

@@ -10,6 +10,7 @@ import pytest
 
 from keras_lars.tools import checkpoints
 from keras_lars.tools import train
+from keras_lars.tools.train import target
 from tests.train_tool import assert_same_weights
 from tests.train_tool import fingerprint
 
@@ -143,6 +144,14 @@ def test_a_target_not_reached_is_a_result(every_two_steps, tmp_path, capsys):
         ),
         ({"eval_every_steps": -1}, "--eval_every_steps=-1: must be >= 0."),
         (
+            {"target_accuracy": 0.9, "collapse_patience": -1},
+            "--collapse_patience=-1: must be >= 0, and it needs --target_accuracy.",
+        ),
+        (
+            {"collapse_patience": 3},
+            "--collapse_patience=3: must be >= 0, and it needs --target_accuracy.",
+        ),
+        (
             {"eval_every_steps": 10, "eval": False},
             "--eval_every_steps=10: needs --eval (it is read on the evaluation split).",
         ),
@@ -152,3 +161,88 @@ def test_bad_target_settings_are_one_line_naming_the_flag(settings, line):
     with pytest.raises(train.ConfigError) as raised:
         train.Config(**settings)
     assert str(raised.value) == line
+
+
+# Nesterov at a peak rate of 0.1 warmed up over 3 of 6 epochs: the network
+# learns in the warmup (above 3 / 10 accuracy), then collapses as the rate
+# rises; its output then ignores its input and scores the evaluation set's
+# share of one class (at most 9 of the 64) to the end.
+COLLAPSING = dict(
+    optimizer="nesterov",
+    base_learning_rate=0.1,
+    train_epochs=6,
+    warmup_epochs=3,
+    eval_every_steps=2,
+    target_accuracy=0.99,
+)
+PATIENCE = 4
+
+
+def _first_collapse(accuracies, patience, chance=0.15, learnt=0.3):
+    """The index of the evaluation ending the first run of `patience` at
+    most `chance` after one above `learnt`, written out here from the
+    definition in --collapse_patience's help."""
+    for end in range(patience - 1, len(accuracies)):
+        window = accuracies[end - patience + 1 : end + 1]
+        if (
+            all(a <= chance for a in window)
+            and max(accuracies[: end - patience + 1] + [0]) > learnt
+        ):
+            return end
+    raise AssertionError(f"no collapse in {accuracies}")
+
+
+@pytest.mark.parametrize(
+    "accuracies, patience, expected",
+    [
+        ([0.1, 0.1, 0.1, 0.1], 2, False),  # at chance from the start: not learnt yet
+        ([0.5, 0.1, 0.15], 2, True),  # 0.15 = 1.5 / 10 is at chance
+        ([0.5, 0.1, 0.16], 2, False),
+        ([0.5, 0.1], 2, False),  # the learnt evaluation is inside the window
+        ([0.3, 0.1, 0.1], 2, False),  # 0.3 is not above 2 x 0.15
+        ([0.31, 0.1, 0.1], 2, True),
+        ([0.9, 0.1, 0.1, 0.1], 0, False),  # 0: never
+        ([0.9, 0.1, 0.1, 0.1], 5, False),  # fewer evaluations than the patience
+        ([0.9, 0.1, 0.5, 0.1, 0.1], 2, True),  # the last two count, after a recovery
+    ],
+)
+def test_a_collapse_is_the_last_evaluations_at_chance_after_learning(
+    accuracies, patience, expected
+):
+    assert target.collapsed(accuracies, 10, patience) is expected
+
+
+def test_a_collapsed_run_stops_there_not_reached(tmp_path, capsys):
+    _, whole = run(tmp_path / "whole", **{**COLLAPSING, "target_accuracy": 0.0})
+    accuracies = [e["val_accuracy"] for e in whole["evaluations"]]
+    end = _first_collapse(accuracies, PATIENCE)
+    assert end < len(accuracies) - 1, accuracies  # it would have trained on
+    model_dir = tmp_path / "stopped"
+    capsys.readouterr()
+    _, summary = run(model_dir, **COLLAPSING, collapse_patience=PATIENCE)
+    # Stopping changes no number before the stop.
+    assert without_seconds(summary["evaluations"]) == without_seconds(
+        whole["evaluations"][: end + 1]
+    )
+    step = whole["evaluations"][end]["step"]
+    found = summary["target"]
+    assert without_seconds([found["collapsed"]]) == without_seconds([whole["evaluations"][end]])
+    assert {k: v for k, v in found.items() if k != "collapsed"} == {
+        "target_accuracy": 0.99,
+        "reached": False,
+        "steps": 48,
+        "examples": 32 * 48,
+    }
+    output = capsys.readouterr().out
+    assert f"target: out of reach at step {step}: {PATIENCE} evaluations in a row" in output
+    final = [line for line in output.splitlines() if line.startswith("final:")]
+    assert len(final) == 1
+    assert f"target=0.99 not reached: collapsed to chance, stopped at step {step} of 48" in final[0]
+    epochs, inside = divmod(step, STEPS_PER_EPOCH)
+    assert checkpoints.saved(str(model_dir / "checkpoints"))[-1] == (epochs, inside)
+    # A rerun resumes at the stop and trains no further.
+    before = fingerprint(model_dir / "checkpoints")
+    _, again = run(model_dir, **COLLAPSING, collapse_patience=PATIENCE)
+    assert "resuming" in capsys.readouterr().out
+    assert again["target"] == summary["target"]
+    assert fingerprint(model_dir / "checkpoints") == before

@@ -46,6 +46,10 @@ def trial_row(t, summary, wall):
     evaluations = summary["evaluations"]
     spent = sum(h["seconds"] for h in summary["history"])
     seconds = found["seconds"] if found["reached"] else spent
+    stopped = {}
+    if "collapsed" in found:  # the tool's --collapse_patience ended it there
+        seconds = found["collapsed"]["seconds"]
+        stopped = {"collapsed_step": found["collapsed"]["step"]}
     noise = {}
     if t.config.noise_scale:  # at the target, or at the last evaluation
         at = found if found["reached"] else evaluations[-1]
@@ -67,6 +71,7 @@ def trial_row(t, summary, wall):
         "wall_seconds": round(wall, 2),
         "key": t.key,
         **noise,
+        **stopped,
     }
 
 

@@ -12,7 +12,10 @@ and its schedule is fitted to that budget: linear warmup over
 --warmup_fraction of it, then power-2 decay to --end_learning_rate at its
 end (keras_lars.WarmupPolyDecay). It evaluates --evaluations_per_epoch times
 an epoch (every max(1, floor(N / B / that)) steps) and stops at the first
-evaluation that reaches the target, or runs out of budget: "not reached".
+evaluation that reaches the target, or runs out of budget: "not reached". It
+stops early, also "not reached", at a non-finite loss, or after
+COLLAPSE_PATIENCE evaluations in a row at chance once it had learnt (the
+tool's --collapse_patience: the network collapsed and cannot recover).
 
 The search (seed 0) first tries rates r_k = c * f^k for integers k, f =
 --rate_step, at the budget T(B) (j = 0). The centre c of the smallest batch
@@ -51,6 +54,7 @@ from keras_lars.tools.settings import ConfigError
 FIRST_STEPS = (0, -1, 1)
 MISSED_REACH = 2  # while every trial missed: k = best - 2 and best + 2 too
 SEED_FALLBACKS = 2  # further points the seeds may run at when one missed at the choice
+COLLAPSE_PATIENCE = 10  # a trial's evaluations at chance, after learning, that end it
 
 
 @dataclasses.dataclass(frozen=True)
@@ -123,13 +127,15 @@ def trial(
             config, gradient_accumulation_steps=micro_batches, noise_scale=True
         )
     key = cell_key(config)
-    # A trial stops at its first non-finite loss: its weights can no longer
-    # reach the target, so the outcome (not reached, its best accuracy before)
-    # is that of training on to the budget, which the key keeps naming.
+    # A trial stops at its first non-finite loss, or once it collapsed to
+    # chance (COLLAPSE_PATIENCE): its weights can no longer reach the target,
+    # so the outcome (not reached, its best accuracy before) is that of
+    # training on to the budget, which the key keeps naming.
     config = dataclasses.replace(
         config,
         model_dir=f"{study.study_dir}/trials/{optimizer}-{key}",
         stop_on_divergence=True,
+        collapse_patience=COLLAPSE_PATIENCE,
     )
     return Trial(optimizer, batch_size, rate_step, seed, config, key, budget_step)
 

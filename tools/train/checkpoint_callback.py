@@ -1,12 +1,13 @@
 """Checkpointing: the run's state after every epoch, within epochs on request,
 at the step a preemption asks for (then Preempted stops the run) and at the
-evaluation that reaches --target_accuracy (then TargetReached).
+evaluation that decides --target_accuracy: reached, or collapsed (then
+TargetDecided).
 
 The state of a checkpoint: {"epochs_done", "steps_done", "history",
 "seed_generators", "settings" (config.json's record: a resume checks it when
 config.json is gone), "layout" (workers and replicas: model_dir.check_layout),
-"evaluations" and once reached "target" (target.py), and after a divergence
-"rate_factor", "rollbacks"}.
+"evaluations" and once decided "target" or "collapsed" (target.py), and
+after a divergence "rate_factor", "rollbacks"}.
 """
 
 import sys
@@ -18,8 +19,8 @@ from keras_lars.tools import checkpoints
 from keras_lars.tools import storage
 from keras_lars.tools.train import model_dir
 from keras_lars.tools.train import run_callbacks
+from keras_lars.tools.train import target
 from keras_lars.tools.train.preemption import Preempted
-from keras_lars.tools.train.target import TargetReached
 
 
 class Checkpointing(keras.callbacks.Callback):
@@ -63,11 +64,11 @@ class Checkpointing(keras.callbacks.Callback):
         self._cluster.at_step(step, done)
         if done >= self.counter.planned or not self.counter.at_update_boundary:
             return  # the epoch's end saves; a checkpoint holds no half-accumulated update
-        if self._due(step) or "target" in self.state:
+        if self._due(step) or target.decided(self.state):
             if self._saved_at[0] != step:
                 self._save(self.counter.epoch, done)
             self._stop_if_preempted(done)
-            self._stop_if_reached()
+            self._stop_if_decided()
 
     def _due(self, step):
         if self.run.preemption.signal:
@@ -94,7 +95,7 @@ class Checkpointing(keras.callbacks.Callback):
         self.state["history"].append(record)
         self.state["epochs_done"], self.state["steps_done"] = epoch + 1, 0
         self._save(epoch + 1, 0)
-        self._stop_if_reached()
+        self._stop_if_decided()
         if epoch + 1 < self.run.length.epochs:
             self._stop_if_preempted(self.run.length.steps_in(epoch))
 
@@ -115,9 +116,9 @@ class Checkpointing(keras.callbacks.Callback):
         self._saved_at = (self.counter.step, time.time())
         self._saved_stem = checkpoints.stem(directory, epochs_done, steps_done)
 
-    def _stop_if_reached(self):
-        if "target" in self.state:
-            raise TargetReached(f"checkpoint {self._saved_stem}")
+    def _stop_if_decided(self):
+        if target.decided(self.state):
+            raise target.TargetDecided(f"checkpoint {self._saved_stem}")
 
     def _stop_if_preempted(self, done):
         if self.run.preemption.signal:

@@ -472,6 +472,18 @@ class Config:
             value, c, 0 <= value <= 1, "must be in (0, 1] (0: no target)"
         ),
     )
+    collapse_patience: int = setting(
+        0,
+        "With --target_accuracy: stop as not reached once this many evaluations in a row "
+        "score at most chance (1.5 / classes) after one scored above twice that: the network "
+        "collapsed (its output the same for every input, so no gradient brings it back). "
+        "0: train on to the end.",
+        check=_needs(
+            lambda value, c: value >= 0 and (value == 0 or c.target_accuracy),
+            "must be >= 0, and it needs --target_accuracy",
+        ),
+        resumable=True,
+    )
     run_eagerly: bool = setting(
         False, "Debugging: run the train step eagerly (no tracing).", resumable=True
     )

@@ -124,7 +124,7 @@ def _train_with_rollbacks(run):
         try:
             _fit(run, model, schedule, state)
             return state
-        except target.TargetReached:
+        except target.TargetDecided:
             return state
         except keras_lars.NonFiniteLossError as error:
             last = model_dir.last_checkpoint(config.model_dir)
@@ -182,7 +182,7 @@ def _fit(run, model, schedule, state):
     first), with the run's callbacks; a read failure names the bad record."""
     config, length, strategy = run.config, run.length, run.runtime.strategy
     start, skip = state["epochs_done"], state.get("steps_done", 0)
-    if start >= length.epochs or "target" in state:
+    if start >= length.epochs or target.decided(state):
         return
     fit_callbacks = make_callbacks(run, schedule, state)
     evaluations = next(c for c in fit_callbacks if isinstance(c, target.Evaluations))

@@ -14,24 +14,53 @@ noise_scale_gradient_sq, noise_scale_trace)
 with `examples` the training examples consumed by `step` (RunLength) and
 `seconds` the training time to it: the epochs of the history, plus the
 current epoch's time so far (evaluations included; an epoch cut by a
-preemption counts from its resume). Checkpointing saves when the target is
-reached and raises TargetReached; a resumed run that had reached it trains
-no further.
+preemption counts from its resume).
+
+With --collapse_patience=n the target is out of reach, and the run decided,
+once the last n evaluations all scored at most chance, a = CHANCE / classes,
+after an earlier one scored above LEARNT * a: the network learnt, then
+collapsed to an output that ignores its input (every ReLU off; no gradient
+reaches the weights, so it stays there). Checkpointing saves when the target
+is decided and raises TargetDecided; a resumed run whose target was decided
+trains no further.
 """
 
 import time
 
 import keras
 
+CHANCE = 1.5  # accuracy at most CHANCE / classes: at chance
+LEARNT = 2.0  # above LEARNT * CHANCE / classes: above chance
 
-class TargetReached(Exception):
-    """The run reached --target_accuracy; its checkpoint is saved."""
+
+class TargetDecided(Exception):
+    """The run reached --target_accuracy, or collapsed (--collapse_patience);
+    its checkpoint is saved."""
+
+
+def decided(state):
+    """Whether the run of `state` reached its target or collapsed."""
+    return "target" in state or "collapsed" in state
+
+
+def collapsed(accuracies, num_classes, patience):
+    """Whether evaluation accuracies (oldest first) end in a collapse: their
+    last `patience` at most CHANCE / num_classes, an earlier one above LEARNT
+    times that (module docstring)."""
+    chance = CHANCE / num_classes
+    before, last = accuracies[:-patience], accuracies[-patience:]
+    return (
+        0 < patience <= len(last)
+        and all(a <= chance for a in last)
+        and any(a > LEARNT * chance for a in before)
+    )
 
 
 class Evaluations(keras.callbacks.Callback):
     """Evaluates within epochs every --eval_every_steps steps and reads
     Keras's evaluation at epoch ends; appends each to state["evaluations"]
-    and sets state["target"] to the first that reaches --target_accuracy.
+    and sets state["target"] to the first that reaches --target_accuracy, or
+    state["collapsed"] to the one that finds a collapse (--collapse_patience).
     `validation` is (dataset, steps) of the fit under way (the loop sets it
     per phase)."""
 
@@ -73,11 +102,24 @@ class Evaluations(keras.callbacks.Callback):
             entry.update(optimizer.noise_scale_stats())
         self.state["evaluations"].append(entry)
         target = self.run.config.target_accuracy
-        if target and "target" not in self.state and entry["val_accuracy"] >= target:
+        if not target or decided(self.state):
+            return
+        if entry["val_accuracy"] >= target:
             self.state["target"] = entry
             print(
                 f"target: val_accuracy={entry['val_accuracy']:.4f} >= {target} at step {step} "
                 f"({entry['examples']} examples, {entry['seconds']:.1f} s of training)",
+                flush=True,
+            )
+            return
+        patience = self.run.config.collapse_patience
+        accuracies = [e["val_accuracy"] for e in self.state["evaluations"]]
+        if collapsed(accuracies, self.run.data.info.num_classes, patience):
+            self.state["collapsed"] = entry
+            print(
+                f"target: out of reach at step {step}: {patience} evaluations in a row at "
+                f"chance (val_accuracy <= {CHANCE / self.run.data.info.num_classes:.4g}) "
+                "after learning; the network collapsed",
                 flush=True,
             )
 
@@ -91,12 +133,15 @@ def summary(config, length, state):
     found = state.get("target")
     if found:
         return {"target_accuracy": config.target_accuracy, "reached": True, **found}
-    return {
+    missed = {
         "target_accuracy": config.target_accuracy,
         "reached": False,
         "steps": length.total_steps,
         "examples": length.examples_at(length.total_steps),
     }
+    if "collapsed" in state:  # the evaluation that decided it
+        missed["collapsed"] = state["collapsed"]
+    return missed
 
 
 def describe(found):
@@ -105,5 +150,10 @@ def describe(found):
         return (
             f"target={found['target_accuracy']} reached at step {found['step']} "
             f"({found['examples']} examples, {found['seconds']:.1f} s)"
+        )
+    if "collapsed" in found:
+        return (
+            f"target={found['target_accuracy']} not reached: collapsed to chance, stopped at "
+            f"step {found['collapsed']['step']} of {found['steps']}"
         )
     return f"target={found['target_accuracy']} not reached in {found['steps']} steps"
