@@ -243,13 +243,14 @@ def test_a_seed_that_misses_at_the_choice_moves_it_to_the_next_point_that_reache
     assert target_search.seed_candidates(missed) == [(0, 0)]
 
 
-def simulated(missed=lambda t: False):
+def simulated(missed=lambda t: False, collapsed=lambda t: False):
     """A stand-in for target_runner.run_trial: trial t reaches the target in
-    50 + 10|k| + 5|j| steps, unless missed(t)."""
+    50 + 10|k| + 5|j| steps, unless missed(t), or collapsed(t): missed, and
+    stopped at that step as collapsed."""
 
     def run_trial(t):
         steps = 50 + 10 * abs(t.rate_step) + 5 * abs(t.budget_step)
-        reached = not missed(t)
+        reached = not missed(t) and not collapsed(t)
         target = {
             "reached": reached,
             "step": steps,
@@ -258,6 +259,8 @@ def simulated(missed=lambda t: False):
             "seconds": 1.0,
             "noise_scale": 7.0,
         }
+        if collapsed(t):
+            target["collapsed"] = {"step": steps, "seconds": 0.5}
         evaluations = [{"step": steps, "val_accuracy": 0.9 if reached else 0.5}]
         summary = {"target": target, "evaluations": evaluations, "history": []}
         return {"key": t.key, "row": target_runner.trial_row(t, summary, 1.0), "evaluations": []}
@@ -299,6 +302,18 @@ def test_the_runner_falls_back_over_the_points_while_a_seed_misses(tmp_path, mon
     (found,) = read_csv(tmp_path / "steps_to_target.csv")
     assert (int(found["budget_steps"]), int(found["points_seeded"])) == (80, 3)
     assert float(found["steps_mean"]) == 55.0
+
+
+def test_the_runner_says_where_a_collapsed_trial_stopped(tmp_path, monkeypatch, capsys):
+    outcome = simulated(collapsed=lambda t: t.rate_step == 1)
+    monkeypatch.setattr(target_runner, "run_trial", outcome)
+    study = parse(*SIMULATED, "--batch_sizes=64", "--seeds=1", f"--study_dir={tmp_path}")
+    rows, _ = batch_study.run_target_study(study)
+    (stopped,) = [r for r in rows if "collapsed_step" in r]
+    assert (stopped["rate_step"], stopped["collapsed_step"], stopped["seconds"]) == (1, 60, 0.5)
+    lines = [line for line in capsys.readouterr().out.splitlines() if "collapsed" in line]
+    assert len(lines) == 1
+    assert "not reached (collapsed to chance: stopped at step 60), best accuracy 0.5000" in lines[0]
 
 
 def test_tables_written_part_way_keep_what_the_store_holds(tmp_path, monkeypatch):

@@ -233,6 +233,8 @@ def _run(study, preemption):
             trained.append(t.key)
             row = record["row"]
             result = f"reached at step {row['steps']}" if row["reached"] else "not reached"
+            if "collapsed_step" in row:
+                result += f" (collapsed to chance: stopped at step {row['collapsed_step']})"
             print(
                 f"{where}: {result}, best accuracy {row['best_val_accuracy']:.4f} "
                 f"({row['wall_seconds']:.0f} s in this process)",
