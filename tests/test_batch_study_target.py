@@ -129,6 +129,7 @@ def test_the_fit_recovers_s_min_and_e_min_of_exact_data():
     batches = [64, 256, 1024, 4096, 16384]
     rows = [
         {"batch_size": b, "seeds": 3, "seeds_reached": 3, "steps_mean": s_min + e_min / b}
+        | {"tuned": True}
         for b in batches
     ]
     found = target_results.fit(rows)
@@ -140,12 +141,16 @@ def test_the_fit_recovers_s_min_and_e_min_of_exact_data():
     rows[0]["seeds_reached"] = 2
     assert target_results.fit(rows)["batches"] == batches[1:]
     assert target_results.fit(rows[:3]) is None
+    # So is an untuned batch.
+    rows[-1]["tuned"] = False
+    assert target_results.fit(rows)["batches"] == batches[1:-1]
 
 
 def test_the_fit_falls_back_to_one_coefficient():
     # Perfect scaling (S = E_min / B): S_min would come out negative.
     rows = [
         {"batch_size": b, "seeds": 1, "seeds_reached": 1, "steps_mean": 1e5 / b - 1.0}
+        | {"tuned": True}
         for b in (32, 64, 128)
     ]
     found = target_results.fit(rows)
@@ -243,13 +248,13 @@ def test_a_seed_that_misses_at_the_choice_moves_it_to_the_next_point_that_reache
     assert target_search.seed_candidates(missed) == [(0, 0)]
 
 
-def simulated(missed=lambda t: False, collapsed=lambda t: False):
+def simulated(missed=lambda t: False, collapsed=lambda t: False, j_steps=lambda t: 5 * abs(t)):
     """A stand-in for target_runner.run_trial: trial t reaches the target in
-    50 + 10|k| + 5|j| steps, unless missed(t), or collapsed(t): missed, and
-    stopped at that step as collapsed."""
+    50 + 10|k| + j_steps(j) steps, unless missed(t), or collapsed(t): missed,
+    and stopped at that step as collapsed."""
 
     def run_trial(t):
-        steps = 50 + 10 * abs(t.rate_step) + 5 * abs(t.budget_step)
+        steps = 50 + 10 * abs(t.rate_step) + j_steps(t.budget_step)
         reached = not missed(t) and not collapsed(t)
         target = {
             "reached": reached,
@@ -316,6 +321,48 @@ def test_the_runner_says_where_a_collapsed_trial_stopped(tmp_path, monkeypatch, 
     assert "not reached (collapsed to chance: stopped at step 60), best accuracy 0.5000" in lines[0]
 
 
+def test_an_untuned_batch_runs_once_at_the_choice_before_and_is_left_out_of_the_fit(
+    tmp_path, monkeypatch
+):
+    # At 128 the search chooses k = -1 (k = 0 misses; k = 1 ties, farther
+    # from 0 on the grid's other side) and j = -1 (a shorter budget helps
+    # everywhere here); 256 and 512 are untuned: one trial each at that rate,
+    # unscaled, and that budget step. Seeds 1 at 512 run there too.
+    def missed(t):
+        return t.batch_size == 128 and (t.rate_step, t.budget_step) == (0, 0)
+
+    outcome = simulated(missed, j_steps=lambda j: 5 * j)
+    monkeypatch.setattr(target_runner, "run_trial", outcome)
+    study = parse(
+        *SIMULATED,
+        "--batch_sizes=32,64,128,256,512",
+        "--untuned_batch_sizes=256,512",
+        "--seeds=2",
+        "--seed_batch_sizes=512",
+        f"--study_dir={tmp_path}",
+    )
+    rows, _ = batch_study.run_target_study(study)
+
+    def at(batch):
+        return [r for r in rows if r["batch_size"] == batch]
+
+    searched = {(r["rate_step"], r["budget_step"]): r for r in at(128)}
+    rate = searched[(-1, -1)]["peak_learning_rate"]
+    assert len(searched) == 5 and rate == searched[(0, 0)]["peak_learning_rate"] / 2
+    for batch in (256, 512):
+        budget = target_search.budget_steps(study.search, batch, 512, budget_step=-1)
+        assert [(r["seed"], r["rate_step"], r["budget_step"]) for r in at(batch)] == [
+            (s, 0, -1) for s in range(1 + (batch == 512))
+        ]
+        assert {(r["peak_learning_rate"], r["budget_steps"]) for r in at(batch)} == {(rate, budget)}
+    table = {int(r["batch_size"]): r for r in read_csv(tmp_path / "steps_to_target.csv")}
+    assert [table[b]["tuned"] for b in (32, 64, 128, 256, 512)] == ["True"] * 3 + ["False"] * 2
+    assert (table[512]["search_trials"], table[512]["seeds_reached"]) == ("1", "2")
+    fit = read_json(tmp_path / "fit.json")
+    assert fit["study"]["untuned_batch_sizes"] == [256, 512]
+    assert fit["fits"]["lars"]["batches"] == [32, 64, 128]
+
+
 def test_tables_written_part_way_keep_what_the_store_holds(tmp_path, monkeypatch):
     # Batch-major order: a rerun with a larger batch trains its search before
     # it comes to the seeds of the batch before, which the store holds; the
@@ -357,6 +404,7 @@ def test_the_plot_of_one_batch_or_equal_steps_draws_without_a_warning(tmp_path, 
             "steps_min": s,
             "steps_max": s,
             "budget_steps": 586,
+            "tuned": b != 256,  # drawn open
         }
         for b, s in zip(batches, steps)
     ]
@@ -378,6 +426,12 @@ def test_the_plot_of_one_batch_or_equal_steps_draws_without_a_warning(tmp_path, 
         ([*TARGET, "--eval_every_steps=5"], "--eval_every_steps: --mode=steps_to_target sets"),
         ([*TARGET, "--control_schedule=0:64,1:128"], "--control_schedule belongs to"),
         ([*TARGET, "--seed_batch_sizes=64"], "--seed_batch_sizes=64: 64 is not one of"),
+        ([*TARGET, "--untuned_batch_sizes=64"], "--untuned_batch_sizes=64: 64 is not one of"),
+        (
+            [*TARGET, "--batch_sizes=full,128,512", "--untuned_batch_sizes=512,128"],
+            "--untuned_batch_sizes=512,128: 128 is the smallest of --batch_sizes; an untuned "
+            "batch takes the choice of the batch before.",
+        ),
         ([*TARGET, "--budget_epochs=0"], "--budget_epochs=0.0: must be > 0"),
         ([*TARGET, "--rate_step=1"], "--rate_step=1.0: must be > 1"),
         ([*TARGET, "--warmup_fraction=1"], "--warmup_fraction=1.0: must be in [0, 1)"),

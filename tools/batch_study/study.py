@@ -246,6 +246,14 @@ class StudySettings:
         "(e.g. those around the knee); empty: every one of --batch_sizes.",
         check=lambda entries, config: _batch_sizes_problem(entries, config) if entries else None,
     )
+    untuned_batch_sizes: tuple = setting(
+        (),
+        "steps_to_target: batch sizes trained without a search, for those too costly to "
+        "tune: one trial (and its seeds) at the peak rate and schedule length chosen at the "
+        "batch before, the rate not scaled. Their rows say tuned=False and the fit leaves "
+        "them out. Not the smallest of --batch_sizes. Empty: every batch is tuned.",
+        check=lambda entries, config: _batch_sizes_problem(entries, config) if entries else None,
+    )
     max_micro_batch_size: int = setting(
         0,
         "A cell (or trial) whose batch is larger trains in micro-batches of at most this "
@@ -319,6 +327,7 @@ class TargetSearch:
     seed_batch_sizes: tuple  # ints and/or FULL; empty: every batch
     noise_scale_batch_size: object = None  # an int, FULL or None
     noise_scale_micro_batches: int = 8
+    untuned_batch_sizes: tuple = ()  # ints and/or FULL
 
 
 def make_study(own, shared, given=()):
@@ -398,11 +407,18 @@ def _target_search(own, shared, given):
             f"--noise_scale_batch_size={noise}: not one of --batch_sizes="
             f"{','.join(own.batch_sizes)} (it runs at a batch's chosen rate)."
         )
-    strays = [b for b in own.seed_batch_sizes if b not in own.batch_sizes]
-    if strays:
+    for flag in ("seed_batch_sizes", "untuned_batch_sizes"):
+        strays = [b for b in getattr(own, flag) if b not in own.batch_sizes]
+        if strays:
+            raise ConfigError(
+                f"--{flag}={','.join(getattr(own, flag))}: {strays[0]} is not one of "
+                f"--batch_sizes={','.join(own.batch_sizes)}."
+            )
+    smallest = min(own.batch_sizes, key=lambda b: math.inf if b == FULL else int(b))
+    if smallest in own.untuned_batch_sizes:
         raise ConfigError(
-            f"--seed_batch_sizes={','.join(own.seed_batch_sizes)}: {strays[0]} is not one of "
-            f"--batch_sizes={','.join(own.batch_sizes)}."
+            f"--untuned_batch_sizes={','.join(own.untuned_batch_sizes)}: {smallest} is the "
+            "smallest of --batch_sizes; an untuned batch takes the choice of the batch before."
         )
     return TargetSearch(
         own.budget_epochs,
@@ -415,4 +431,5 @@ def _target_search(own, shared, given):
         tuple(FULL if b == FULL else int(b) for b in own.seed_batch_sizes),
         (FULL if noise == FULL else int(noise)) if noise else None,
         own.noise_scale_micro_batches,
+        tuple(FULL if b == FULL else int(b) for b in own.untuned_batch_sizes),
     )

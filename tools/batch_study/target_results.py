@@ -10,8 +10,8 @@ with B_crit = E_min / S_min the batch at which a run takes twice the fewest
 steps and twice the fewest examples. S_min and E_min are fitted by weighted
 least squares on the relative error, minimising sum_i ((S_i - S(B_i)) / S_i)^2
 (each point's seed mean; a linear problem in (S_min, E_min)), over the batches
-where every seed reached the target; with a negative coefficient the other is
-fitted alone. Three batches or more make a fit.
+where every seed reached the target and the rate was tuned; with a negative
+coefficient the other is fitted alone. Three batches or more make a fit.
 """
 
 import json
@@ -24,6 +24,7 @@ from keras_lars.tools import storage
 from keras_lars.tools.batch_study.results import write_table
 from keras_lars.tools.batch_study.target_search import seed_candidates
 from keras_lars.tools.batch_study.target_search import seeded_point
+from keras_lars.tools.batch_study.target_search import untuned_batches
 
 TRIAL_FIELDS = (
     "optimizer",
@@ -46,6 +47,7 @@ TABLE_FIELDS = (
     "optimizer",
     "batch_size",
     "chosen_rate",
+    "tuned",
     "search_trials",
     "points_seeded",
     "seeds",
@@ -62,10 +64,11 @@ GRID_FIELDS = ("rate_step", "budget_step")  # the plan's, not the store's: trial
 MIN_FIT_POINTS = 3
 
 
-def table(rows):
+def table(rows, untuned=frozenset()):
     """One row per (optimizer, batch) of the trial rows: the rate and budget
     chosen (target_search.seeded_point: the seed-0 search's choice, or the
-    next-best point where a seed missed there), the points the seeds ran at,
+    next-best point where a seed missed there), whether it was searched (a
+    batch in `untuned` takes the batch before's), the points the seeds ran at,
     and steps, examples and seconds to the target over the seeds run at the
     choice (means over the seeds that reached it; None when none).
     Steps to the target are those of the first evaluation that reached it,
@@ -94,6 +97,7 @@ def table(rows):
                 "optimizer": optimizer,
                 "batch_size": batch,
                 "chosen_rate": search[chosen]["peak_learning_rate"],
+                "tuned": batch not in untuned,
                 "search_trials": len(search),
                 "points_seeded": sum(len(at.get(p, ())) > 1 for p in candidates),
                 "seeds": len(runs),
@@ -128,8 +132,9 @@ def noise_scales(rows):
 
 def fit(rows):
     """{"s_min", "e_min", "b_crit", "batches"} fitted to the table rows of one
-    optimizer (module docstring), or None with fewer than MIN_FIT_POINTS."""
-    points = [r for r in rows if r["seeds"] and r["seeds_reached"] == r["seeds"]]
+    optimizer (module docstring; its tuned batches), or None with fewer than
+    MIN_FIT_POINTS."""
+    points = [r for r in rows if r["tuned"] and r["seeds"] and r["seeds_reached"] == r["seeds"]]
     if len(points) < MIN_FIT_POINTS:
         return None
     batches = np.array([r["batch_size"] for r in points], dtype=float)
@@ -167,6 +172,7 @@ def write_target_outputs(study, trials, records, num_train):
     rows = trial_rows(trials, records)
     if not rows:
         return
+    untuned = untuned_batches(study, num_train)
     config = trials[0].config
     search = study.search
     header = {
@@ -186,6 +192,7 @@ def write_target_outputs(study, trials, records, num_train):
             "rate_step": search.rate_step,
             "max_rate_steps": search.max_rate_steps,
             "max_budget_doublings": search.max_budget_doublings,
+            "untuned_batch_sizes": sorted(untuned),
             "momentum": config.momentum,
             "weight_decay": config.weight_decay,
             "end_learning_rate": config.end_learning_rate,
@@ -193,7 +200,7 @@ def write_target_outputs(study, trials, records, num_train):
     }
     directory = study.study_dir
     write_table(os.path.join(directory, "trials"), TRIAL_FIELDS, rows, header)
-    summary = table(rows)
+    summary = table(rows, untuned)
     write_table(os.path.join(directory, "steps_to_target"), TABLE_FIELDS, summary, header)
     fits = {
         o: fit([r for r in summary if r["optimizer"] == o])
@@ -205,6 +212,7 @@ def write_target_outputs(study, trials, records, num_train):
     title = (
         f"{config.model} on {config.dataset} ({num_train} training images): steps to "
         f"test accuracy {config.target_accuracy}, rate tuned per batch"
+        + (f" but {', '.join(map(str, sorted(untuned)))}" if untuned else "")
     )
     plot(summary, fits, noise, os.path.join(directory, "steps_to_target.png"), title)
 
@@ -222,7 +230,8 @@ def at_least_a_factor(low, high, factor=4.0):
 def plot(summary, fits, noise, path, title):
     """Steps and examples to the target against the batch (log-log), one
     colour per optimizer: the seeds' mean with their range, a miss as an x at
-    its budget, the perfect-scaling line through the smallest batch (dotted),
+    its budget, an untuned batch open, the perfect-scaling line through the
+    smallest batch (dotted),
     the fit (dashed) and the measured noise scale (a vertical dash-dot line)."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
@@ -253,6 +262,10 @@ def plot(summary, fits, noise, path, title):
                     capsize=3,
                     label=optimizer,
                 )
+            for r in hit:  # an untuned batch: an open marker on the line
+                if not r["tuned"]:
+                    y = r["steps_mean"] * (r["batch_size"] if axes is examples_axes else 1)
+                    axes.plot(r["batch_size"], y, "o", color=colour, markerfacecolor="white")
             for j, r in enumerate(missed):
                 y = r["budget_steps"] * (r["batch_size"] if axes is examples_axes else 1)
                 label = optimizer if not len(hit) and not j else None
@@ -274,7 +287,8 @@ def plot(summary, fits, noise, path, title):
         axes.set_xlabel("global batch size")
         axes.set_ylabel(label)
         axes.grid(True, which="both", alpha=0.3)
-    steps_axes.legend(title="optimizer (x: not reached)", fontsize=8)
+    untuned = "open: rate not tuned; " if not all(r["tuned"] for r in summary) else ""
+    steps_axes.legend(title=f"optimizer ({untuned}x: not reached)", fontsize=8)
     steps_axes.set_title(
         "dotted: perfect scaling; dashed: S_min + E_min / B; dash-dot: B_simple", fontsize=8
     )

@@ -7,6 +7,7 @@ side by side when a study is stopped part way."""
 
 import contextlib
 import dataclasses
+import functools
 import gc
 import math
 import os
@@ -35,6 +36,7 @@ from keras_lars.tools.batch_study.target_search import seed_batches
 from keras_lars.tools.batch_study.target_search import seed_candidates
 from keras_lars.tools.batch_study.target_search import seeded_point
 from keras_lars.tools.batch_study.target_search import trial
+from keras_lars.tools.batch_study.target_search import untuned_batches
 from keras_lars.tools.train.loop import Diverged
 
 TRIALS_FILE = "trials.jsonl"
@@ -107,6 +109,21 @@ def run_trial(t):
     }
 
 
+def seed_zero_search(study, trial_at, row_of):
+    """Seed 0's search over the trials trial_at(k, budget_step=j) of one
+    optimizer and batch (target_search's docstring): the chosen (k, j) and
+    the rows of its trials, {(k, j): row}."""
+    results = {}
+    while (k := next_step(results, study.search.max_rate_steps)) is not None:
+        results[k] = row_of(trial_at(k))
+    k = best_step(results)
+    budgets = {0: results[k]}  # the schedule's length at the chosen rate
+    while (j := next_step(budgets, study.search.max_budget_doublings)) is not None:
+        budgets[j] = row_of(trial_at(k, budget_step=j))
+    rows = {(s, 0): row for s, row in results.items()}
+    return k, best_step(budgets), rows | {(k, b): row for b, row in budgets.items()}
+
+
 class NotStored(Exception):
     """A trial the store lacks, met by the walk over what it holds."""
 
@@ -117,6 +134,7 @@ def walk(study, batches, num_train, row_of, warn):
     NotStored; `warn` gets the budget warnings. An optimizer whose search
     meets NotStored stops there (its later batches depend on that trial),
     and so do the seeds and the noise-scale run of a batch that meets it."""
+    untuned = untuned_batches(study, num_train)
     chosen = {}  # (optimizer, batch) -> (centre, k, j)
     searched = {}  # (optimizer, batch) -> {(k, j): seed 0's row}
     fewest = {}  # optimizer -> (batch, its fewest steps to the target so far)
@@ -130,29 +148,24 @@ def walk(study, batches, num_train, row_of, warn):
             if warning:
                 warn(warning)
             centre = rule_rate(study, optimizer, batch)
-            if i:  # the rate chosen at the batch before, scaled by the rule
-                before, k, _ = chosen[(optimizer, batches[i - 1])]
+            if i:  # the rate chosen at the batch before, scaled by the rule (untuned: not)
+                before, k, j = chosen[(optimizer, batches[i - 1])]
                 ratio = centre / rule_rate(study, optimizer, batches[i - 1])
-                centre = before * study.search.rate_step**k * ratio
+                centre = before * study.search.rate_step**k * (1 if batch in untuned else ratio)
+            trial_at = functools.partial(  # trial_at(k, budget_step=j)
+                trial, study, optimizer, batch, centre, seed=0, num_train=num_train
+            )
             try:
-                results = {}
-                while (k := next_step(results, study.search.max_rate_steps)) is not None:
-                    results[k] = row_of(trial(study, optimizer, batch, centre, k, 0, num_train))
-                k = best_step(results)
-                budgets = {0: results[k]}  # the schedule's length at the chosen rate
-                while (j := next_step(budgets, study.search.max_budget_doublings)) is not None:
-                    budgets[j] = row_of(
-                        trial(study, optimizer, batch, centre, k, 0, num_train, budget_step=j)
-                    )
+                if batch in untuned:  # the batch before's choice, once
+                    k, rows = 0, {(0, j): row_of(trial_at(0, budget_step=j))}
+                else:
+                    k, j, rows = seed_zero_search(study, trial_at, row_of)
             except NotStored:
                 stopped.add(optimizer)
                 continue
-            j = best_step(budgets)
             chosen[(optimizer, batch)] = (centre, k, j)
-            searched[(optimizer, batch)] = {(s, 0): row for s, row in results.items()} | {
-                (k, b): row for b, row in budgets.items()
-            }
-            best = budgets[j]
+            searched[(optimizer, batch)] = rows
+            best = rows[(k, j)]
             if best["reached"] and best["steps"] < fewest.get(optimizer, (0, math.inf))[1]:
                 fewest[optimizer] = (batch, best["steps"])
     for batch in seed_batches(study, batches, num_train):

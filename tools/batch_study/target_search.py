@@ -29,7 +29,10 @@ target, also k = best - 2 and best + 2 (a miss's accuracy is a weak guide to
 the rate that reaches the target). Then, at the best k, the same walk over
 the budget's j (the schedule's length: a run decaying sooner may reach the
 target in fewer steps), up to |j| = --max_budget_doublings. The best trial's
-rate and budget are chosen; seeds 1 .. --seeds - 1 then run at them, at
+rate and budget are chosen. At --untuned_batch_sizes there is no search: seed
+0 runs once at the rate and budget step j chosen at the batch before (the rate
+not scaled by the rule), and that point is the batch's choice, untuned. Seeds
+1 .. --seeds - 1 then run at the choice, at
 --seed_batch_sizes (default: every batch). Chosen on one seed, a point at the
 edge of reach may be a lucky seed's (the winner's curse): when a seed there
 misses the target, the seeds run at the search's next-best point that reached
@@ -195,7 +198,10 @@ def next_step(results, max_steps):
 
 def chosen_point(rows):
     """The (k, j) the search chose among its trials ({(k, j): row}): the
-    best k at j = 0, then the best j at that k (module docstring)."""
+    best k at j = 0, then the best j at that k (module docstring); an
+    untuned batch's one trial."""
+    if len(rows) == 1:
+        return next(iter(rows))
     k = best_step({k: r for (k, j), r in rows.items() if j == 0})
     return k, best_step({j: r for (rate, j), r in rows.items() if rate == k})
 
@@ -222,6 +228,11 @@ def seeded_point(candidates, runs):
         if all(r["reached"] for r in runs[point]):
             return point
     return min(tried, key=lambda p: (sum(not r["reached"] for r in runs[p]), tried.index(p)))
+
+
+def untuned_batches(study, num_train):
+    """The batch sizes (ints) trained without a search (--untuned_batch_sizes)."""
+    return {num_train if b == FULL else b for b in study.search.untuned_batch_sizes}
 
 
 def seed_batches(study, batches, num_train):
