@@ -231,8 +231,8 @@ def plot(summary, fits, noise, path, title):
     """Steps and examples to the target against the batch (log-log), one
     colour per optimizer: the seeds' mean with their range, a miss as an x at
     its budget, an untuned batch open, the perfect-scaling line through the
-    smallest batch (dotted),
-    the fit (dashed) and the measured noise scale (a vertical dash-dot line)."""
+    smallest batch (dotted), the fit (dashed) and the measured noise scale (a
+    vertical dash-dot line)."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
