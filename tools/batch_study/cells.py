@@ -30,6 +30,7 @@ from keras_lars.tools import settings
 from keras_lars.tools import train
 from keras_lars.tools.batch_study.study import FULL
 from keras_lars.tools.batch_study.study import CellSettings
+from keras_lars.tools.batch_study.study import batch_examples
 from keras_lars.tools.settings import ConfigError
 
 # Part of every cell's key: bump it when what a cell measures changes, so
@@ -113,7 +114,7 @@ def cell_config(study, optimizer, batch_size, seed, kind=GRID):
 def resolve_batch_sizes(study, num_train):
     """The study's batch sizes as sorted integers (FULL -> num_train)."""
     listed = ",".join(str(b) for b in study.batch_sizes)
-    sizes = [num_train if b == FULL else b for b in study.batch_sizes]
+    sizes = [batch_examples(b, num_train) for b in study.batch_sizes]
     for size in sizes:
         if size > num_train:
             raise ConfigError(

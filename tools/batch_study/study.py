@@ -27,7 +27,7 @@ DEFAULT_SCALING = {"sgd": "linear", "nesterov": "linear", "lars": "linear", "lam
 # The study's defaults for settings of the training tool.
 STUDY_DEFAULTS = {"train_epochs": 10, "warmup_epochs": 2.0}
 DIGITS_IMAGE_SIZE = 16
-FULL = "full"
+FULL = "full"  # a batch size: the whole training split
 MODES = ("accuracy", "steps_to_target")
 
 
@@ -119,6 +119,16 @@ def by_optimizer(entries, name, defaults):
         optimizer, _, text = entry.partition("=")
         found[optimizer], _ = _tool_value(name, text, "value")
     return found
+
+
+def batch_entry(text):
+    """A checked --batch_sizes entry: an int, or FULL."""
+    return FULL if text == FULL else int(text)
+
+
+def batch_examples(batch, num_train):
+    """A batch entry (an int or FULL) in examples, with `num_train` training examples."""
+    return num_train if batch == FULL else batch
 
 
 # --- the study's own settings ------------------------------------------------------------
@@ -345,7 +355,7 @@ def make_study(own, shared, given=()):
         shared["image_size"] = DIGITS_IMAGE_SIZE
     bases = by_optimizer(own.base_learning_rates, "base_learning_rate", DEFAULT_RATES)
     rules = by_optimizer(own.lr_scaling, "lr_scaling", DEFAULT_SCALING)
-    batches = tuple(FULL if b == FULL else int(b) for b in own.batch_sizes)
+    batches = tuple(map(batch_entry, own.batch_sizes))
     base = train.Config(**shared)  # checks the shared settings (names the flag)
     if base.strategy == "multi_worker" or base.num_processes != 1:
         culprit = (
@@ -414,7 +424,7 @@ def _target_search(own, shared, given):
                 f"--{flag}={','.join(getattr(own, flag))}: {strays[0]} is not one of "
                 f"--batch_sizes={','.join(own.batch_sizes)}."
             )
-    smallest = min(own.batch_sizes, key=lambda b: math.inf if b == FULL else int(b))
+    smallest = min(own.batch_sizes, key=lambda b: batch_examples(batch_entry(b), math.inf))
     if smallest in own.untuned_batch_sizes:
         raise ConfigError(
             f"--untuned_batch_sizes={','.join(own.untuned_batch_sizes)}: {smallest} is the "
@@ -428,8 +438,8 @@ def _target_search(own, shared, given):
         own.rate_step,
         own.max_rate_steps,
         own.max_budget_doublings,
-        tuple(FULL if b == FULL else int(b) for b in own.seed_batch_sizes),
-        (FULL if noise == FULL else int(noise)) if noise else None,
+        tuple(map(batch_entry, own.seed_batch_sizes)),
+        batch_entry(noise) if noise else None,
         own.noise_scale_micro_batches,
-        tuple(FULL if b == FULL else int(b) for b in own.untuned_batch_sizes),
+        tuple(map(batch_entry, own.untuned_batch_sizes)),
     )

@@ -46,12 +46,14 @@ def trial_row(t, summary, wall):
     """The store's row of Trial `t` from its run's summary."""
     found = summary["target"]
     evaluations = summary["evaluations"]
-    spent = sum(h["seconds"] for h in summary["history"])
-    seconds = found["seconds"] if found["reached"] else spent
-    stopped = {}
-    if "collapsed" in found:  # the tool's --collapse_patience ended it there
-        seconds = found["collapsed"]["seconds"]
-        stopped = {"collapsed_step": found["collapsed"]["step"]}
+    collapsed = found.get("collapsed")  # the tool's --collapse_patience ended it there
+    if found["reached"]:
+        seconds = found["seconds"]
+    elif collapsed:
+        seconds = collapsed["seconds"]
+    else:
+        seconds = sum(h["seconds"] for h in summary["history"])
+    stopped = {"collapsed_step": collapsed["step"]} if collapsed else {}
     noise = {}
     if t.config.noise_scale:  # at the target, or at the last evaluation
         at = found if found["reached"] else evaluations[-1]

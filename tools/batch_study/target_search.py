@@ -50,8 +50,8 @@ import math
 
 from keras_lars.tools import train
 from keras_lars.tools.batch_study.cells import cell_key
-from keras_lars.tools.batch_study.study import FULL
 from keras_lars.tools.batch_study.study import CellSettings
+from keras_lars.tools.batch_study.study import batch_examples
 from keras_lars.tools.settings import ConfigError
 
 FIRST_STEPS = (0, -1, 1)
@@ -232,7 +232,7 @@ def seeded_point(candidates, runs):
 
 def untuned_batches(study, num_train):
     """The batch sizes (ints) trained without a search (--untuned_batch_sizes)."""
-    return {num_train if b == FULL else b for b in study.search.untuned_batch_sizes}
+    return {batch_examples(b, num_train) for b in study.search.untuned_batch_sizes}
 
 
 def seed_batches(study, batches, num_train):
@@ -240,17 +240,16 @@ def seed_batches(study, batches, num_train):
     chosen = study.search.seed_batch_sizes
     if not chosen:
         return list(batches)
-    return sorted(num_train if b == FULL else b for b in chosen)
+    return sorted(batch_examples(b, num_train) for b in chosen)
 
 
 def noise_scale_run(study, num_train):
     """(batch, micro-batches) of the noise-scale runs, or (None, 0); a
     ConfigError when the micro-batches do not divide the batch."""
     search = study.search
-    batch = search.noise_scale_batch_size
-    if batch is None:
+    if search.noise_scale_batch_size is None:
         return None, 0
-    batch = num_train if batch == FULL else batch
+    batch = batch_examples(search.noise_scale_batch_size, num_train)
     micro = search.noise_scale_micro_batches
     if batch % micro:
         raise ConfigError(
