@@ -160,6 +160,58 @@ def test_the_fit_falls_back_to_one_coefficient():
     assert found["e_min"] == pytest.approx(np.sum(x / s) / np.sum((x / s) ** 2))
 
 
+def test_the_markdown_tables_show_each_kind_of_table_row_and_fit():
+    def row(optimizer, batch, seeds, reached, steps=(), rate=0.05, budget=300, tuned=True):
+        return {
+            "optimizer": optimizer,
+            "batch_size": batch,
+            "chosen_rate": rate,
+            "tuned": tuned,
+            "seeds": seeds,
+            "seeds_reached": reached,
+            "steps_mean": sum(steps) / len(steps) if steps else None,
+            "steps_min": min(steps, default=None),
+            "steps_max": max(steps, default=None),
+            "budget_steps": budget,
+            "eval_every_steps": 60_000 // batch // 4 or 1,
+        }
+
+    summary = [
+        row("lamb", 64, 1, 1, [1638], rate=0.0025, budget=9375),
+        row("lamb", 16384, 3, 2, [131, 141], rate=0.04),
+        row("nesterov", 64, 1, 1, [1170], rate=0.0125, budget=4688),
+        row("nesterov", 16384, 3, 3, [120, 132, 150]),
+        row("nesterov", 60000, 1, 0, rate=0.05, budget=600, tuned=False),
+    ]
+    fits = {
+        "nesterov": {"s_min": 134.4, "e_min": 67_949.0, "b_crit": 505.6, "batches": [64, 16384]},
+        "lamb": {"s_min": 0.0, "e_min": 1.0e5, "b_crit": math.inf, "batches": [64, 1024, 4096]},
+    }
+    noise = {
+        "nesterov": {"batch_size": 1024, "noise_scale": 53.4, "step": 174, "reached": True},
+        "lamb": {"batch_size": 1024, "noise_scale": 1234.4, "step": 300, "reached": False},
+    }
+    text = target_results.markdown_tables(["nesterov", "lamb"], summary, fits, noise)
+    assert text == (
+        "| batch | evaluation interval | Nesterov | LAMB |\n"
+        "|---|---|---|---|\n"
+        "| 64 | 234 | 1,170 (0.0125, T 4,688) | 1,638 (0.0025, T 9,375) |\n"
+        "| 16,384 | 1 | 134 [120\u2013150] (0.05, T 300) | 136 [131\u2013141], 2 of 3 seeds "
+        "(0.04, T 300) |\n"
+        "| 60,000 | 1 | not reached (0.05, T 600; untuned) |  |\n"
+        "\n"
+        "| optimizer | batches fitted | S_min (steps) | E_min (examples) | B_crit = E_min / S_min "
+        "| B_simple (at batch, step) |\n"
+        "|---|---|---|---|---|---|\n"
+        "| Nesterov | 64\u201316,384 (2) | 134 | 67,900 | 506 | 53 (1,024, 174) |\n"
+        "| LAMB | 64\u20134,096 (3) | 0 | 100,000 | \u221e | 1,234 (1,024, 300); missed the "
+        "target |\n"
+    )
+    # An optimizer without a fit or a noise scale keeps its row.
+    text = target_results.markdown_tables(["nesterov"], summary[2:4], {"nesterov": None}, {})
+    assert text.endswith("| Nesterov | fewer than 3 |  |  |  |  |\n")
+
+
 def test_the_table_takes_the_search_choice_and_the_seeds_at_it():
     def trial(seed, k, reached, steps, j=0):
         return {

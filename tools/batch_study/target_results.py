@@ -217,6 +217,67 @@ def write_target_outputs(study, trials, records, num_train):
     plot(summary, fits, noise, os.path.join(directory, "steps_to_target.png"), title)
 
 
+TITLES = {"sgd": "SGD", "nesterov": "Nesterov", "lars": "LARS", "lamb": "LAMB"}
+DASH = "\N{EN DASH}"  # of a range, in the Markdown tables
+
+
+def _step_cell(r):
+    """A table row's steps to the target: the seeds' mean [min-max] (the
+    mean alone for one seed; "k of n seeds" when some missed, "not reached"
+    when all did), then (peak rate, budget T; untuned)."""
+    point = f"{r['chosen_rate']:.4g}, T {r['budget_steps']:,}" + ("" if r["tuned"] else "; untuned")
+    if not r["seeds_reached"]:
+        return f"not reached ({point})"
+    steps = f"{r['steps_mean']:,.0f}"
+    if r["seeds"] > 1:
+        steps += f" [{r['steps_min']:,}{DASH}{r['steps_max']:,}]"
+    if r["seeds_reached"] < r["seeds"]:
+        steps += f", {r['seeds_reached']} of {r['seeds']} seeds"
+    return f"{steps} ({point})"
+
+
+def markdown_tables(optimizers, summary, fits, noise):
+    """The study's results as two Markdown tables (the docs' study page), a
+    column or row per optimizer in the order of `optimizers`: steps to the
+    target per batch (_step_cell), and the fit (module docstring) with the
+    batches it used, beside the measured noise scale B_simple."""
+    cells = {(r["optimizer"], r["batch_size"]): r for r in summary}
+    batches = sorted({r["batch_size"] for r in summary})
+    title = [TITLES.get(o, o) for o in optimizers]
+    lines = [
+        "| batch | evaluation interval | " + " | ".join(title) + " |",
+        "|---|---|" + "---|" * len(optimizers),
+    ]
+    for batch in batches:
+        found = [cells.get((o, batch)) for o in optimizers]
+        interval = next(r["eval_every_steps"] for r in found if r)
+        row = [_step_cell(r) if r else "" for r in found]
+        lines.append(f"| {batch:,} | {interval:,} | " + " | ".join(row) + " |")
+    lines += [
+        "",
+        "| optimizer | batches fitted | S_min (steps) | E_min (examples) | B_crit = E_min / S_min "
+        "| B_simple (at batch, step) |",
+        "|---|---|---|---|---|---|",
+    ]
+    for optimizer, name in zip(optimizers, title):
+        found, measured = fits.get(optimizer), noise.get(optimizer)
+        if found:
+            used = found["batches"]
+            b_crit = "∞" if math.isinf(found["b_crit"]) else f"{found['b_crit']:,.0f}"
+            fitted = [f"{min(used):,}{DASH}{max(used):,} ({len(used)})", f"{found['s_min']:,.0f}"]
+            fitted += [f"{round(found['e_min'], -2):,.0f}", b_crit]
+        else:
+            fitted = [f"fewer than {MIN_FIT_POINTS}", "", "", ""]
+        scale = ""
+        if measured and measured["noise_scale"] is not None:
+            scale = (
+                f"{measured['noise_scale']:,.0f} ({measured['batch_size']:,}, {measured['step']:,})"
+            )
+            scale += "" if measured["reached"] else "; missed the target"
+        lines.append(f"| {name} | " + " | ".join([*fitted, scale]) + " |")
+    return "\n".join(lines) + "\n"
+
+
 def at_least_a_factor(low, high, factor=4.0):
     """Log-axis limits spanning at least `factor`, around their geometric
     middle: a narrower span labels its minor ticks and can leave the
