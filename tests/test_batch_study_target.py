@@ -415,6 +415,32 @@ def test_an_untuned_batch_runs_once_at_the_choice_before_and_is_left_out_of_the_
     assert fit["fits"]["lars"]["batches"] == [32, 64, 128]
 
 
+def test_untuned_batches_after_a_choice_that_missed_are_not_run(tmp_path, monkeypatch, capsys):
+    # Every trial at 128 misses: its choice is a miss, so neither untuned
+    # batch after it runs (no rate is known to reach the target there).
+    outcome = simulated(lambda t: t.batch_size == 128)
+    monkeypatch.setattr(target_runner, "run_trial", outcome)
+    study = parse(
+        *SIMULATED,
+        "--batch_sizes=64,128,256,512",
+        "--untuned_batch_sizes=256,512",
+        "--seeds=1",
+        f"--study_dir={tmp_path}",
+    )
+    rows, trained = batch_study.run_target_study(study)
+    assert {r["batch_size"] for r in rows} == {64, 128} and len(trained) == len(rows)
+    lines = [line for line in capsys.readouterr().out.splitlines() if "(untuned)" in line]
+    assert lines == [
+        "lars at batch 256 (untuned): not run, as its choice at batch 128 did not reach the "
+        "target; it would train its whole budget at a rate not known to reach it."
+    ]
+    table = {int(r["batch_size"]): r for r in read_csv(tmp_path / "steps_to_target.csv")}
+    assert sorted(table) == [64, 128] and table[128]["seeds_reached"] == "0"
+    # A rerun trains nothing and says it again.
+    assert batch_study.run_target_study(study)[1] == []
+    assert "lars at batch 256 (untuned): not run" in capsys.readouterr().out
+
+
 def test_tables_written_part_way_keep_what_the_store_holds(tmp_path, monkeypatch):
     # Batch-major order: a rerun with a larger batch trains its search before
     # it comes to the seeds of the batch before, which the store holds; the

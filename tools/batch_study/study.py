@@ -260,8 +260,9 @@ class StudySettings:
         (),
         "steps_to_target: batch sizes trained without a search, for those too costly to "
         "tune: one trial (and its seeds) at the peak rate and schedule length chosen at the "
-        "batch before, the rate not scaled. Their rows say tuned=False and the fit leaves "
-        "them out. Not the smallest of --batch_sizes. Empty: every batch is tuned.",
+        "batch before, the rate not scaled; not run when that choice missed the target. Their "
+        "rows say tuned=False and the fit leaves them out. Not the smallest of --batch_sizes. "
+        "Empty: every batch is tuned.",
         check=lambda entries, config: _batch_sizes_problem(entries, config) if entries else None,
     )
     max_micro_batch_size: int = setting(

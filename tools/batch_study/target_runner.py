@@ -133,27 +133,37 @@ class NotStored(Exception):
 def walk(study, batches, num_train, row_of, warn):
     """Walks the study's plan (target_search's docstring) in its order,
     calling row_of(Trial), which returns the trial's row or raises
-    NotStored; `warn` gets the budget warnings. An optimizer whose search
-    meets NotStored stops there (its later batches depend on that trial),
-    and so do the seeds and the noise-scale run of a batch that meets it."""
+    NotStored; `warn` gets the budget warnings and the lines of untuned
+    batches not run. An optimizer whose search meets NotStored stops there
+    (its later batches depend on that trial), and so do the seeds and the
+    noise-scale run of a batch that meets it. An optimizer whose choice at a
+    batch missed the target stops before an untuned batch after it."""
     untuned = untuned_batches(study, num_train)
     chosen = {}  # (optimizer, batch) -> (centre, k, j)
     searched = {}  # (optimizer, batch) -> {(k, j): seed 0's row}
     fewest = {}  # optimizer -> (batch, its fewest steps to the target so far)
-    stopped = set()  # optimizers, and (optimizer, batch) of seeds, that met NotStored
+    stopped = set()  # optimizers, and (optimizer, batch) of seeds, stopped (docstring)
     for i, batch in enumerate(batches):
         for optimizer in study.optimizers:
             if optimizer in stopped:
                 continue
-            budget = budget_steps(study.search, batch, num_train)
-            warning = budget_warning(optimizer, batch, budget, fewest.get(optimizer))
-            if warning:
-                warn(warning)
             centre = rule_rate(study, optimizer, batch)
             if i:  # the rate chosen at the batch before, scaled by the rule (untuned: not)
                 before, k, j = chosen[(optimizer, batches[i - 1])]
                 ratio = centre / rule_rate(study, optimizer, batches[i - 1])
                 centre = before * study.search.rate_step**k * (1 if batch in untuned else ratio)
+            if batch in untuned and not searched[(optimizer, batches[i - 1])][(k, j)]["reached"]:
+                warn(
+                    f"{optimizer} at batch {batch} (untuned): not run, as its choice at batch "
+                    f"{batches[i - 1]} did not reach the target; it would train its whole "
+                    "budget at a rate not known to reach it."
+                )
+                stopped.add(optimizer)
+                continue
+            budget = budget_steps(study.search, batch, num_train)
+            warning = budget_warning(optimizer, batch, budget, fewest.get(optimizer))
+            if warning:
+                warn(warning)
             trial_at = functools.partial(  # trial_at(k, budget_step=j)
                 trial, study, optimizer, batch, centre, seed=0, num_train=num_train
             )

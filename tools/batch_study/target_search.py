@@ -31,7 +31,9 @@ the budget's j (the schedule's length: a run decaying sooner may reach the
 target in fewer steps), up to |j| = --max_budget_doublings. The best trial's
 rate and budget are chosen. At --untuned_batch_sizes there is no search: seed
 0 runs once at the rate and budget step j chosen at the batch before (the rate
-not scaled by the rule), and that point is the batch's choice, untuned. Seeds
+not scaled by the rule), and that point is the batch's choice, untuned; when
+that choice missed the target, the optimizer stops there (no rate is known to
+reach it, and a miss costs the whole budget at the costliest batches). Seeds
 1 .. --seeds - 1 then run at the choice, at
 --seed_batch_sizes (default: every batch). Chosen on one seed, a point at the
 edge of reach may be a lucky seed's (the winner's curse): when a seed there
