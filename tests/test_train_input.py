@@ -189,12 +189,12 @@ def test_digits_split_is_fixed_whatever_the_seed():
 
 
 def _resident_gb():
+    """This process's resident memory in GB (Linux's /proc, as on CI)."""
     with open("/proc/self/status") as f:
         line = next(line for line in f if line.startswith("VmRSS:"))
     return int(line.split()[1]) / 2**20
 
 
-@pytest.mark.skipif(not os.path.exists("/proc/self/status"), reason="reads Linux's VmRSS")
 def test_a_long_training_stream_of_an_in_memory_set_holds_its_arrays_once():
     # The training stream concatenates one dataset an epoch, each capturing
     # the arrays. Held as constants they were copied into every epoch's
