@@ -477,7 +477,7 @@ class Config:
         "With --target_accuracy: stop as not reached once this many evaluations in a row "
         "score at most chance (1.5 / classes) after one scored above twice that: the network "
         "collapsed (its output the same for every input, so no gradient brings it back). "
-        "0: train on to the end.",
+        "Chance assumes balanced classes in the evaluation split. 0: train on to the end.",
         check=_needs(
             lambda value, c: value >= 0 and (value == 0 or c.target_accuracy),
             "must be >= 0, and it needs --target_accuracy",
