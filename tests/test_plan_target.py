@@ -77,18 +77,22 @@ TABLE = [
 ]
 
 
-def write_run(directory, rate=500.0, batch=256, replicas=1, **config):
-    """A training run's summary.json and one checkpoint state with its layout."""
+def write_run(directory, rate=500.0, batch=256, replicas=1, recorded_in="summary", **config):
+    """A training run's summary.json; its layout in the summary (as the tool
+    writes it), in a checkpoint state beside it (as earlier versions did), or
+    nowhere (`replicas`=0)."""
     os.makedirs(os.path.join(directory, "checkpoints"), exist_ok=True)
+    layout = {"layout": {"workers": 1, "replicas": replicas}} if replicas else {}
     summary = {
         "train_images_per_second": rate,
         "config": {"model": "simple_cnn", "image_size": 28, "global_batch_size": batch, **config},
+        **(layout if recorded_in == "summary" else {}),
     }
     with open(os.path.join(directory, "summary.json"), "w") as f:
         json.dump(summary, f)
-    if replicas:
+    if recorded_in == "checkpoint":
         with open(os.path.join(directory, "checkpoints", "ckpt-0002.json"), "w") as f:
-            json.dump({"layout": {"workers": 1, "replicas": replicas}}, f)
+            json.dump(layout, f)
     return str(directory)
 
 
@@ -235,6 +239,16 @@ def test_a_run_scales_the_model_to_its_own_step(tmp_path):
     assert tta.cell_step(options, 1024, 1, 1, scale).step == pytest.approx(0.512 * ratio)
 
 
+def test_a_runs_replicas_come_from_the_flag_its_summary_or_its_checkpoint(tmp_path):
+    summary = write_run(tmp_path / "summary", replicas=2)
+    earlier = write_run(tmp_path / "earlier", replicas=4, recorded_in="checkpoint")
+    assert [tta.read_run(summary).replicas, tta.read_run(earlier).replicas] == [2, 4]
+    assert [tta.read_run(summary, 8).replicas, tta.read_run(earlier, 8).replicas] == [8, 8]
+    with open(os.path.join(earlier, "checkpoints", "ckpt-0003.json"), "w") as f:
+        f.write("{not json")  # the newest state unreadable: the one before it
+    assert tta.read_run(os.path.join(earlier, "summary.json")).replicas == 4
+
+
 def test_a_run_on_two_replicas_keeps_the_communication_unscaled(tmp_path):
     run = tta.read_run(write_run(tmp_path / "run", rate=500.0, batch=256, replicas=2))
     options = tta.run_options(settings(**CUSTOM), run)
@@ -360,7 +374,8 @@ def test_bad_curves_and_runs_are_one_line(tmp_path, monkeypatch, capsys):
     unknown = write_run(tmp_path / "unknown", replicas=0)
     assert _main(monkeypatch, capsys, **given, from_run=unknown) == (
         f"error: --from_run={unknown}: {unknown}/summary.json: the run's replica count is not "
-        "recorded (no checkpoints/ckpt-*.json beside it with a layout): give --from_run_devices."
+        "recorded (no layout in it or in a checkpoints/ckpt-*.json beside it): give "
+        "--from_run_devices."
     )
     assert _main(monkeypatch, capsys, **given, layers=True) == (
         "error: --target_s_min: time to accuracy plans its own batch x devices grid: not with "

@@ -228,6 +228,7 @@ def test_bfloat16_all_reduce_on_two_workers_rounds_only_the_summed_gradients(tmp
         assert codes == [0, 0], "\n".join(e[-3000:] for e in errors)
         summary = json.loads((tmp_path / dtype / "summary.json").read_text())
         assert summary["config"]["allreduce_dtype"] == dtype and summary["steps"] == 2
+        assert summary["layout"] == {"workers": 2, "replicas": 2}
         assert np.isfinite(summary["final"]["loss"])
 
     def weights(dtype, name):

@@ -63,6 +63,7 @@ def test_default_run_writes_checkpoints_logs_and_summary(finished_run):
     assert summary["final"]["steps"] == summary["steps"]
     assert 0.0 <= summary["final"]["val_accuracy"] <= 1.0
     assert summary["final"]["learning_rate"] == pytest.approx(1e-4)  # end of the decay
+    assert summary["layout"] == {"workers": 1, "replicas": 1}
     assert checkpoints.epochs_saved(os.path.join(model_dir, "checkpoints")) == [1, 2]
     events = [
         n

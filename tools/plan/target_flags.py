@@ -91,8 +91,8 @@ class TargetSettings:
     )
     from_run_devices: int = setting(
         0,
-        "Replicas the --from_run run trained on; 0: its newest checkpoint's record of them "
-        "(checkpoints/ckpt-*.json, layout.replicas).",
+        "Replicas the --from_run run trained on; 0: the run's record of them (summary.json's "
+        "layout.replicas; a run of an earlier version: its newest checkpoints/ckpt-*.json's).",
         check=at_least(0),
     )
     target_batches: str = setting(

@@ -60,15 +60,24 @@ class MeasuredRun:
         return self.global_batch / self.images_per_second
 
 
-def _replicas_recorded(directory):
-    """layout.replicas of the newest checkpoints/ckpt-*.json (None: none)."""
-    states = sorted(glob.glob(os.path.join(directory, "checkpoints", "ckpt-*.json")))
-    for path in reversed(states):
+def _records(document, directory):
+    """The run's records, newest first: its summary, then (for a summary of an
+    earlier version, which has no layout) its checkpoints/ckpt-*.json states."""
+    yield document
+    states = glob.glob(os.path.join(directory, "checkpoints", "ckpt-*.json"))
+    for path in sorted(states, reverse=True):
         try:
             with open(path) as f:
-                replicas = json.load(f).get("layout", {}).get("replicas")
-        except (OSError, ValueError, AttributeError):
+                yield json.load(f)
+        except (OSError, ValueError):
             continue
+
+
+def _replicas_recorded(document, directory):
+    """layout.replicas of the first of the run's records that has it (None: none)."""
+    for record in _records(document, directory):
+        layout = record.get("layout") if isinstance(record, dict) else None
+        replicas = layout.get("replicas") if isinstance(layout, dict) else None
         if isinstance(replicas, int) and replicas >= 1:
             return replicas
     return None
@@ -76,8 +85,8 @@ def _replicas_recorded(directory):
 
 def read_run(path, devices=0):
     """The MeasuredRun of a model dir or summary.json (`devices` > 0: the
-    replicas, else the newest checkpoint's record); ConfigError naming
-    --from_run and the file."""
+    replicas, else the run's record of them); ConfigError naming --from_run
+    and the file."""
     flag = f"--from_run={path}"
     summary = os.path.join(path, SUMMARY_FILE) if os.path.isdir(path) else path
     document = target_curve.read_json(flag, summary)
@@ -98,11 +107,11 @@ def read_run(path, devices=0):
     batch = config.get("global_batch_size")
     if not isinstance(batch, int) or batch < 1:
         raise ConfigError(f"{flag}: {summary}: its config has no global_batch_size.")
-    replicas = devices or _replicas_recorded(os.path.dirname(summary))
+    replicas = devices or _replicas_recorded(document, os.path.dirname(summary))
     if not replicas:
         raise ConfigError(
-            f"{flag}: {summary}: the run's replica count is not recorded (no "
-            "checkpoints/ckpt-*.json beside it with a layout): give --from_run_devices."
+            f"{flag}: {summary}: the run's replica count is not recorded (no layout in it or "
+            "in a checkpoints/ckpt-*.json beside it): give --from_run_devices."
         )
     accumulation = config.get("gradient_accumulation_steps") or 1
     if batch % (replicas * accumulation):

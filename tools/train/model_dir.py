@@ -211,12 +211,13 @@ def remove_config(config):
     tf.io.gfile.remove(os.path.join(config.model_dir, CONFIG_FILE))
 
 
-def write_summary(config, length, state, wall_seconds, strategy=None, rates=()):
+def write_summary(config, length, state, wall_seconds, strategy, rates=()):
     """summary.json (on the chief) and the `final:` line; returns the summary.
     `state`: the run's (its history, evaluations and target: target.py).
     `rates`: the training images/s of the epochs this process measured
     (callbacks.Throughput); their median is the run's throughput, None when
-    there is none (a resumed run's history holds earlier processes' rates)."""
+    there is none (a resumed run's history holds earlier processes' rates).
+    "layout" records how the run split its batch (`layout`), for the planner."""
     history = state["history"]
     final = dict(history[-1]) if history else {}
     summary = {
@@ -230,6 +231,7 @@ def write_summary(config, length, state, wall_seconds, strategy=None, rates=()):
         "history": history,
         "evaluations": state.get("evaluations", []),
         "config": dataclasses.asdict(config),
+        LAYOUT: layout(strategy),
     }
     reached = target.summary(config, length, state)
     if reached:
