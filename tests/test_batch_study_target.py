@@ -495,6 +495,32 @@ def test_the_plot_of_one_batch_or_equal_steps_draws_without_a_warning(tmp_path, 
     assert target_results.at_least_a_factor(10.0, 1000.0) == (10.0, 1000.0)
 
 
+def test_the_plot_draws_an_untuned_batch_open_and_a_tuned_one_filled(tmp_path):
+    # The open marker once sat under the error bar's own (matplotlib draws
+    # that at zorder 2.1): the 60,000 points of the Fashion-MNIST plot were filled.
+    summary = [
+        {
+            "optimizer": "nesterov",
+            "batch_size": b,
+            "steps_mean": s,
+            "steps_min": s,
+            "steps_max": s,
+            "budget_steps": 600,
+            "tuned": tuned,
+        }
+        for b, s, tuned in ((64, 1000, True), (256, 400, True), (1024, 300, False))
+    ]
+    figure = target_results.plot(summary, {}, {}, tmp_path / "plot.png", "title")
+    figure.canvas.draw()
+    pixels = np.asarray(figure.canvas.buffer_rgba())[..., :3]
+    white = (255, 255, 255)
+    for axes, scale in zip(figure.axes[:2], (lambda r: 1, lambda r: r["batch_size"])):
+        for r in summary:
+            x, y = axes.transData.transform((r["batch_size"], r["steps_mean"] * scale(r)))
+            centre = tuple(pixels[pixels.shape[0] - round(y), round(x)])
+            assert (centre == white) == (not r["tuned"]), (axes.get_ylabel(), r, centre)
+
+
 @pytest.mark.parametrize(
     "argv, line",
     [

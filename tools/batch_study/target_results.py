@@ -293,7 +293,7 @@ def plot(summary, fits, noise, path, title):
     colour per optimizer: the seeds' mean with their range, a miss as an x at
     its budget, an untuned batch open, the perfect-scaling line through the
     smallest batch (dotted), the fit (dashed) and the measured noise scale (a
-    vertical dash-dot line)."""
+    vertical dash-dot line). Returns the figure, drawn and written to `path`."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
@@ -323,10 +323,12 @@ def plot(summary, fits, noise, path, title):
                     capsize=3,
                     label=optimizer,
                 )
-            for r in hit:  # an untuned batch: an open marker on the line
+            for r in hit:  # an untuned batch: an open marker above the line's own
                 if not r["tuned"]:
                     y = r["steps_mean"] * (r["batch_size"] if axes is examples_axes else 1)
-                    axes.plot(r["batch_size"], y, "o", color=colour, markerfacecolor="white")
+                    axes.plot(
+                        r["batch_size"], y, "o", color=colour, markerfacecolor="white", zorder=3
+                    )
             for j, r in enumerate(missed):
                 y = r["budget_steps"] * (r["batch_size"] if axes is examples_axes else 1)
                 label = optimizer if not len(hit) and not j else None
@@ -357,3 +359,4 @@ def plot(summary, fits, noise, path, title):
     figure.tight_layout()
     with storage.atomic_file(path, "wb") as f:
         figure.savefig(f, format="png")
+    return figure
