@@ -75,6 +75,13 @@ TABLE = [
     tuned_row("lamb", 1024, 0.02, 20),  # not fitted (a seed missed): no tuned rate there
     tuned_row("sgd", 128, 0.05, 34),
 ]
+# The study ran 1,024 untuned (--untuned_batch_sizes): one trial at 512's choice.
+UNTUNED = [
+    *TABLE[:3],
+    dict(tuned_row("lamb", 1024, 0.0141, 20), tuned=False, steps_mean=30.0),
+    dict(tuned_row("lamb", 1437, 0.0141, 20), tuned=False, steps_mean=None),  # missed
+    dict(tuned_row("sgd", 1024, 0.05, 34), tuned=False, steps_mean=12.0),
+]
 
 
 def write_run(directory, rate=500.0, batch=256, replicas=1, recorded_in="summary", **config):
@@ -117,14 +124,24 @@ def test_a_study_table_gives_the_rates_it_tuned_at_the_fitted_batches(tmp_path):
     curve = target_curve.study_curve(write_study(tmp_path / "study", table=TABLE), "lamb")
     assert curve.tuned == ((32, 0.0035, 135), (128, 0.007, 34), (512, 0.0141, 20))
     assert curve.tuned_at(128) == (0.007, 34) and curve.tuned_at(1024) is None
+    assert curve.untuned == ()  # a table without untuned batches
     assert target_curve.study_curve(write_study(tmp_path / "old"), "lamb").tuned == ()
+    # Untuned batches: their measured steps (None: missed), never a tuned rate.
+    curve = target_curve.study_curve(write_study(tmp_path / "untuned", table=UNTUNED), "lamb")
+    assert curve.tuned == ((32, 0.0035, 135), (128, 0.007, 34), (512, 0.0141, 20))
+    assert curve.untuned == ((1024, 30.0, 0.0141, 20), (1437, None, 0.0141, 20))
+    assert curve.tuned_at(1024) is None
     bad = write_study(tmp_path / "bad", table=[{"optimizer": "lamb", "batch_size": 32}])
     with pytest.raises(ConfigError) as raised:
         target_curve.study_curve(bad, "lamb")
     assert str(raised.value) == (
         f"--target_study={bad}: {bad}/steps_to_target.json: its rows are not a steps-to-target "
-        "table (optimizer, batch_size, chosen_rate, budget_steps)."
+        "table (optimizer, batch_size, chosen_rate, budget_steps, steps_mean, tuned)."
     )
+    no_steps = [dict(tuned_row("lamb", 1024, 0.0141, 20), tuned=False)]
+    with pytest.raises(ConfigError) as raised:
+        target_curve.study_curve(write_study(tmp_path / "no_steps", table=no_steps), "lamb")
+    assert "its rows are not a steps-to-target table" in str(raised.value)
 
 
 def test_s_min_with_b_crit_or_e_min():
@@ -304,6 +321,20 @@ def test_the_report_from_a_study_and_a_run(tmp_path):
             f"; peak rate {expected[batch]}-step schedule (tuned by the study)"
             if batch in expected
             else "; the study tuned no rate at this batch"
+        ), line
+    # With untuned batches: the steps measured there beside S(B); a choice at
+    # one of them says what the study ran there.
+    untuned = dict(tuned, target_study=write_study(tmp_path / "untuned", table=UNTUNED))
+    lines = tta.report(settings(**untuned), report.duration).splitlines()
+    assert lines[3] == (
+        "untuned   the study's batches run at the batch before's choice, not fitted: 1,024: 30 "
+        "steps at 0.0141 over 20 steps (S(B) 26.2), 1,437: not reached at 0.0141 over 20 steps "
+        "(S(B) 24.5)"
+    )
+    only = settings(**dict(untuned, target_batches="1024"))
+    for line in tta.report(only, report.duration).splitlines()[-2:]:  # fastest, cheapest
+        assert line.split()[2] == "1,024" and line.endswith(
+            "; the study tuned no rate at this batch (30 steps at 0.0141 over 20 steps, untuned)"
         ), line
 
 

@@ -14,7 +14,8 @@ twice the fewest examples. The sources:
                               fit.json, one optimizer's fit (S_min, E_min over
                               the batches where every seed reached the target),
                               and from its steps_to_target.json the peak rate
-                              and schedule length it tuned at those batches
+                              and schedule length it tuned at those batches, and
+                              the steps it measured at its untuned batches
     S_min and B_crit (or E_min), given
     a gradient noise scale    B_noise ~ B_crit (the paper's B_simple predicts
                               B_crit) and one measured point, S_1 steps at
@@ -50,6 +51,9 @@ class StepsCurve:
     model: str = ""  # the model the study trained, where known
     image_size: int = 0  # and its image side
     tuned: tuple = ()  # (batch, peak rate, schedule steps) the study chose, where known
+    # (batch, steps to the target or None, peak rate, schedule steps): the study's
+    # untuned batches (one trial at the choice of the batch before; not fitted)
+    untuned: tuple = ()
 
     def tuned_at(self, batch):
         """(peak rate, schedule steps) the study tuned at `batch`, or None."""
@@ -180,7 +184,7 @@ def study_curve(directory, optimizer):
     target = (
         f"accuracy {study.get('target_accuracy')} of {study.get('model')} on {study.get('dataset')}"
     )
-    tuned = _tuned(directory, flag, optimizer, batches)
+    tuned, untuned = _table_points(directory, flag, optimizer, batches)
     examples = study.get("train_examples")
     return StepsCurve(
         s_min,
@@ -193,30 +197,41 @@ def study_curve(directory, optimizer):
         model=study.get("model") if isinstance(study.get("model"), str) else "",
         image_size=study.get("image_size") if isinstance(study.get("image_size"), int) else 0,
         tuned=tuned,
+        untuned=untuned,
     )
 
 
-def _tuned(directory, flag, optimizer, batches):
-    """((batch, peak rate, schedule steps), ...) that the study's table chose
-    for `optimizer` at the fitted `batches` (those where every seed reached
-    the target); () when the study has no table (an older study)."""
+def _table_points(directory, flag, optimizer, batches):
+    """From the study's table, for `optimizer`: ((batch, peak rate, schedule
+    steps), ...) it chose at the fitted `batches` (those where every seed
+    reached the target), and ((batch, steps or None, peak rate, schedule
+    steps), ...) it measured at its untuned batches (`tuned` false; a table
+    of an older study has none); both () when the study has no table."""
     path = os.path.join(directory, TABLE_FILE)
     if not os.path.exists(path):
-        return ()
+        return (), ()
     document = read_json(flag, path)
     rows = document.get("rows") if isinstance(document, dict) else None
+    tuned, untuned = {}, {}
     try:
-        found = {
-            int(r["batch_size"]): (float(r["chosen_rate"]), int(r["budget_steps"]))
-            for r in rows
-            if r["optimizer"] == optimizer and int(r["batch_size"]) in batches
-        }
-    except (KeyError, TypeError, ValueError):
+        for r in rows:
+            if r["optimizer"] != optimizer:
+                continue
+            batch, point = int(r["batch_size"]), (float(r["chosen_rate"]), int(r["budget_steps"]))
+            if r.get("tuned", True) is False:
+                steps = r["steps_mean"]
+                untuned[batch] = (None if steps is None else float(steps), *point)
+            elif batch in batches:
+                tuned[batch] = point
+    except (KeyError, TypeError, ValueError, AttributeError):
         raise ConfigError(
             f"{flag}: {path}: its rows are not a steps-to-target table "
-            "(optimizer, batch_size, chosen_rate, budget_steps)."
+            "(optimizer, batch_size, chosen_rate, budget_steps, steps_mean, tuned)."
         ) from None
-    return tuple((b, *found[b]) for b in sorted(found))
+    return (
+        tuple((b, *tuned[b]) for b in sorted(tuned)),
+        tuple((b, *untuned[b]) for b in sorted(untuned)),
+    )
 
 
 def source_flags(options):

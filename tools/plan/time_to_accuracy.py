@@ -342,6 +342,7 @@ def report(options, duration):
         f"time to {curve.target or 'the target'}: {curve.equation()}",
         f"curve     {curve.source}",
         *([_tuned_line(curve)] if curve.tuned else []),
+        *([_untuned_line(curve)] if curve.untuned else []),
         speed_line(options, run, scale),
         f"cluster   {options.devices_per_node} devices a node, {options.algorithm} all-reduce "
         f"of {options.gradient_dtype} gradients, overlap {'on' if options.overlap else 'off'}",
@@ -399,12 +400,32 @@ def _tuned_line(curve):
     return f"rates     the study's tuned peak rate and schedule length by batch: {found}"
 
 
+def _untuned_line(curve):
+    """The steps the study measured at its untuned batches, beside S(B)."""
+    found = ", ".join(
+        f"{b:,}: {_untuned_steps(s)} at {r:.4g} over {t:,} steps (S(B) {curve.steps(b):,.1f})"
+        for b, s, r, t in curve.untuned
+    )
+    return f"untuned   the study's batches run at the batch before's choice, not fitted: {found}"
+
+
+def _untuned_steps(steps):
+    return "not reached" if steps is None else f"{steps:,.0f} steps"
+
+
 def _tuned_text(curve, batch):
     """'; peak rate r over a t-step schedule (tuned by the study)' for a batch
     the study tuned; a warning for one it did not; '' without a study table."""
     if not curve.tuned:
         return ""
     found = curve.tuned_at(batch)
+    untuned = next((u for u in curve.untuned if u[0] == batch), None)
+    if found is None and untuned:
+        _, steps, rate, schedule = untuned
+        return (
+            f"; the study tuned no rate at this batch ({_untuned_steps(steps)} "
+            f"at {rate:.4g} over {schedule:,} steps, untuned)"
+        )
     if found is None:
         return "; the study tuned no rate at this batch"
     return f"; peak rate {found[0]:.4g} over a {found[1]:,}-step schedule (tuned by the study)"
