@@ -8,6 +8,7 @@ import keras
 import keras_lars
 from keras_lars.tools import checkpoints
 from keras_lars.tools import train
+from keras_lars.tools.model_dir_names import CHECKPOINTS
 
 RECALIBRATION_BATCH = 256
 RECALIBRATION_EXAMPLES = 8192
@@ -56,7 +57,7 @@ def precise_bn_evaluation(config, data):
     # variable that the checkpoint's optimizer lacks).
     stand_in = keras_lars.WarmupPolyDecay(config.peak_learning_rate, 0, 1)
     model = train.compiled_model(config, data.info.num_classes, stand_in)
-    checkpoints.restore(model, os.path.join(config.model_dir, "checkpoints"))
+    checkpoints.restore(model, os.path.join(config.model_dir, CHECKPOINTS))
     batch = min(RECALIBRATION_BATCH, data.info.num_train)
     steps = max(1, min(data.info.num_train, RECALIBRATION_EXAMPLES) // batch)
     recalibrate_batch_norm(model, (images for images, _ in data.train(0, batch).take(steps)))

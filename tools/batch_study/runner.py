@@ -20,6 +20,7 @@ from keras_lars.tools.batch_study.cells import make_cells
 from keras_lars.tools.batch_study.precise_bn import precise_bn_evaluation
 from keras_lars.tools.batch_study.results import ROW_FIELDS
 from keras_lars.tools.batch_study.results import write_outputs
+from keras_lars.tools.model_dir_names import CHECKPOINTS
 
 
 def train_logged(config, then):
@@ -54,7 +55,7 @@ def run_cell(cell, data):
     precise_accuracy, precise_loss = precise_bn_evaluation(cell.config, data)
     keras.backend.clear_session()
     gc.collect()
-    shutil.rmtree(os.path.join(cell.config.model_dir, "checkpoints"), ignore_errors=True)
+    shutil.rmtree(os.path.join(cell.config.model_dir, CHECKPOINTS), ignore_errors=True)
     final = summary["final"]
     num_train = data.info.num_train
     row = {

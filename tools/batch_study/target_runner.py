@@ -37,6 +37,7 @@ from keras_lars.tools.batch_study.target_search import seed_candidates
 from keras_lars.tools.batch_study.target_search import seeded_point
 from keras_lars.tools.batch_study.target_search import trial
 from keras_lars.tools.batch_study.target_search import untuned_batches
+from keras_lars.tools.model_dir_names import CHECKPOINTS
 from keras_lars.tools.train.loop import Diverged
 
 TRIALS_FILE = "trials.jsonl"
@@ -101,7 +102,7 @@ def run_trial(t):
     row = trial_row(t, summary, time.time() - started)
     keras.backend.clear_session()
     gc.collect()
-    shutil.rmtree(os.path.join(t.config.model_dir, "checkpoints"), ignore_errors=True)
+    shutil.rmtree(os.path.join(t.config.model_dir, CHECKPOINTS), ignore_errors=True)
     return {
         "key": t.key,
         "finished": time.strftime("%Y-%m-%dT%H:%M:%S"),

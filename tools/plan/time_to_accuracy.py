@@ -28,6 +28,9 @@ import math
 import os
 
 from keras_lars.models import BUILDERS
+from keras_lars.tools.model_dir_names import CHECKPOINTS
+from keras_lars.tools.model_dir_names import LAYOUT
+from keras_lars.tools.model_dir_names import SUMMARY_FILE
 from keras_lars.tools.plan import target_curve
 from keras_lars.tools.plan.cost_models import allreduce_time
 from keras_lars.tools.plan.device import DTYPE_BYTES
@@ -39,7 +42,6 @@ from keras_lars.tools.plan.target_flags import DEFAULT_DEVICE_COUNTS
 from keras_lars.tools.plan.target_flags import parse_counts
 from keras_lars.tools.settings import ConfigError
 
-SUMMARY_FILE = "summary.json"  # tools/train/model_dir.write_summary
 OTHER_PLANS = ("layers", "layout_out", "batch_schedule", "image_size_schedule")  # one batch's
 
 
@@ -64,7 +66,7 @@ def _records(document, directory):
     """The run's records, newest first: its summary, then (for a summary of an
     earlier version, which has no layout) its checkpoints/ckpt-*.json states."""
     yield document
-    states = glob.glob(os.path.join(directory, "checkpoints", "ckpt-*.json"))
+    states = glob.glob(os.path.join(directory, CHECKPOINTS, "ckpt-*.json"))
     for path in sorted(states, reverse=True):
         try:
             with open(path) as f:
@@ -76,7 +78,7 @@ def _records(document, directory):
 def _replicas_recorded(document, directory):
     """layout.replicas of the first of the run's records that has it (None: none)."""
     for record in _records(document, directory):
-        layout = record.get("layout") if isinstance(record, dict) else None
+        layout = record.get(LAYOUT) if isinstance(record, dict) else None
         replicas = layout.get("replicas") if isinstance(layout, dict) else None
         if isinstance(replicas, int) and replicas >= 1:
             return replicas

@@ -6,6 +6,8 @@
 <model_dir>/logs/            TensorBoard
 <model_dir>/summary.json     the final metrics, history and config
 <model_dir>/run.lock         held by the chief while it trains (storage.exclusive)
+
+The names that other programs read are declared in tools/model_dir_names.py.
 """
 
 import dataclasses
@@ -19,11 +21,14 @@ from keras_lars.distribute import is_chief
 from keras_lars.tools import checkpoints
 from keras_lars.tools import settings
 from keras_lars.tools import storage
+from keras_lars.tools.model_dir_names import CHECKPOINTS
+from keras_lars.tools.model_dir_names import CONFIG_FILE
+from keras_lars.tools.model_dir_names import LAYOUT
+from keras_lars.tools.model_dir_names import SETTINGS
+from keras_lars.tools.model_dir_names import SUMMARY_FILE
 from keras_lars.tools.settings import ConfigError
 from keras_lars.tools.train import target
 
-CONFIG_FILE = "config.json"
-SETTINGS, LAYOUT = "settings", "layout"  # a checkpoint state's record of its run
 # The data sets whose global batches are the same however they are split:
 # digits' worker i of n takes every n-th example of one permutation
 # (input_pipeline.arrays_train); imagenet shards its files per worker.
@@ -31,7 +36,7 @@ SPLIT_FREE_DATA = ("digits",)
 
 
 def checkpoint_dir(model_dir):
-    return os.path.join(model_dir, "checkpoints")
+    return os.path.join(model_dir, CHECKPOINTS)
 
 
 def last_checkpoint(model_dir):
@@ -239,7 +244,7 @@ def write_summary(config, length, state, wall_seconds, strategy, rates=()):
     if length.phases:  # --batch_schedule; each epoch's batch and rate are in the history
         summary["phases"] = [dataclasses.asdict(phase) for phase in length.phases]
     if is_chief(strategy):
-        storage.write_json(os.path.join(config.model_dir, "summary.json"), summary)
+        storage.write_json(os.path.join(config.model_dir, SUMMARY_FILE), summary)
     shown = " ".join(
         f"{k}={v:.4f}"
         for k, v in summary["final"].items()
