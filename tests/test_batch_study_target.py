@@ -468,24 +468,27 @@ def test_tables_written_part_way_keep_what_the_store_holds(tmp_path, monkeypatch
     assert read_csv(tmp_path / "trials.csv")[:-1] == first_trials  # and the new one
 
 
+def plotted(batch, steps, tuned, budget=586):
+    """A row of the steps-to-target table as target_results.plot reads it
+    (Nesterov, one seed)."""
+    return {
+        "optimizer": "nesterov",
+        "batch_size": batch,
+        "steps_mean": steps,
+        "steps_min": steps,
+        "steps_max": steps,
+        "budget_steps": budget,
+        "tuned": tuned,
+    }
+
+
 @pytest.mark.parametrize(
     "batches, steps", [((1024,), (174,)), ((64,), (10,)), ((64, 256), (10, 10))]
 )
 def test_the_plot_of_one_batch_or_equal_steps_draws_without_a_warning(tmp_path, batches, steps):
     # Log axes of one point, or of a flat curve, used to warn (singular
     # limits) or collapse the layout (labelled minor ticks).
-    summary = [
-        {
-            "optimizer": "nesterov",
-            "batch_size": b,
-            "steps_mean": s,
-            "steps_min": s,
-            "steps_max": s,
-            "budget_steps": 586,
-            "tuned": b != 256,  # drawn open
-        }
-        for b, s in zip(batches, steps)
-    ]
+    summary = [plotted(b, s, tuned=b != 256) for b, s in zip(batches, steps)]  # 256 drawn open
     summary.append({**summary[0], "optimizer": "lars", "steps_mean": None})
     with warnings.catch_warnings():
         warnings.simplefilter("error")
@@ -498,18 +501,7 @@ def test_the_plot_of_one_batch_or_equal_steps_draws_without_a_warning(tmp_path, 
 def test_the_plot_draws_an_untuned_batch_open_and_a_tuned_one_filled(tmp_path):
     # The open marker once sat under the error bar's own (matplotlib draws
     # that at zorder 2.1): the 60,000 points of the Fashion-MNIST plot were filled.
-    summary = [
-        {
-            "optimizer": "nesterov",
-            "batch_size": b,
-            "steps_mean": s,
-            "steps_min": s,
-            "steps_max": s,
-            "budget_steps": 600,
-            "tuned": tuned,
-        }
-        for b, s, tuned in ((64, 1000, True), (256, 400, True), (1024, 300, False))
-    ]
+    summary = [plotted(64, 1000, True), plotted(256, 400, True), plotted(1024, 300, False)]
     figure = target_results.plot(summary, {}, {}, tmp_path / "plot.png", "title")
     figure.canvas.draw()
     pixels = np.asarray(figure.canvas.buffer_rgba())[..., :3]
