@@ -59,6 +59,11 @@ class StepsCurve:
         """(peak rate, schedule steps) the study tuned at `batch`, or None."""
         return next(((r, t) for b, r, t in self.tuned if b == batch), None)
 
+    def untuned_at(self, batch):
+        """(steps or None, peak rate, schedule steps) the study ran untuned at
+        `batch`, or None."""
+        return next(((s, r, t) for b, s, r, t in self.untuned if b == batch), None)
+
     @property
     def b_crit(self):
         return self.e_min / self.s_min if self.s_min > 0 else math.inf

@@ -421,9 +421,9 @@ def _tuned_text(curve, batch):
     if not curve.tuned:
         return ""
     found = curve.tuned_at(batch)
-    untuned = next((u for u in curve.untuned if u[0] == batch), None)
+    untuned = curve.untuned_at(batch)
     if found is None and untuned:
-        _, steps, rate, schedule = untuned
+        steps, rate, schedule = untuned
         return (
             f"; the study tuned no rate at this batch ({_untuned_steps(steps)} "
             f"at {rate:.4g} over {schedule:,} steps, untuned)"
