@@ -288,3 +288,30 @@ def test_jax_distributeds_start_is_bounded(stop, tmp_path):
         "processes did not finish within 12 s (a process stopped after meeting the others, or "
         "another program took its port?); nothing was trained"
     ), errors[-3000:]
+
+
+def test_a_signal_in_jaxs_wait_for_the_processes_is_a_preemption(tmp_path):
+    """Before, the wait's stop (InterruptedError, an OSError) became a
+    ConfigError: the tool exited 1, not 75 as in TensorFlow's wait."""
+    pytest.importorskip("jax")
+    from keras_lars.tools.train.preemption import Preempted
+    from keras_lars.tools.train.preemption import Preemption
+    from keras_lars.tools.train.runtime_jax import JaxRuntime
+
+    (port,) = free_ports(1)
+    config = Config(
+        backend="jax",
+        distribution="none",
+        num_processes=2,
+        process_id=0,
+        coordinator_address=f"localhost:{port}",
+        model_dir=str(tmp_path / "run"),
+    )
+    preemption = Preemption()
+    preemption.signal = "SIGTERM"  # as its handler records it, during the wait
+    with pytest.raises(Preempted) as stopped:
+        JaxRuntime(config).start(preemption)
+    assert str(stopped.value) == (
+        "stopped by SIGTERM while waiting for 1 of the 1 other processes: process 1; "
+        "nothing was trained; run the same command"
+    )

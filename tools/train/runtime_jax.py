@@ -183,6 +183,8 @@ def meet_processes(config, stop=lambda: False, processes=None):
         )
     except rendezvous.HandshakeError as error:
         raise ConfigError(f"{flags}: {error}") from None
+    except InterruptedError:  # stop(), an OSError too: JaxRuntime.start says preempted (75)
+        raise
     except TimeoutError as error:
         raise ConfigError(
             f"--coordinator_address={address} {flags}: cannot join the other processes within "
