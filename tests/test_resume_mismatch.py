@@ -7,6 +7,7 @@ or stop with one line, never train on."""
 import json
 import shutil
 
+import h5py
 import keras
 import numpy as np
 import pytest
@@ -79,6 +80,53 @@ def test_another_runs_weights_file_of_the_only_checkpoint_stops_in_one_line(tmp_
     assert sorted(p.name for p in lars.iterdir()) == ["ckpt-0002.json", "ckpt-0002.weights.h5"]
 
 
+ANOTHER_SAVE = (
+    "is not the file its state records: it was written by another save (another run's "
+    "file, or another checkpoint's), of the same model and optimizer"
+)
+
+
+@pytest.mark.parametrize("source", ["other/ckpt-0002", "run/ckpt-0001"])
+def test_a_weights_file_of_the_same_model_and_optimizer_but_another_save_falls_back(
+    tmp_path, capfd, source
+):
+    # Optimizer, counts and shapes all match: only the save's id tells.
+    run, other = tmp_path / "run", tmp_path / "other"
+    _saved(run, _lars(), (1, 2))
+    _saved(other, _lars(), (2,))
+    weights = run / "ckpt-0002.weights.h5"
+    shutil.copyfile(tmp_path / f"{source}.weights.h5", weights)
+    model = _lars()
+    assert checkpoints.restore(model, str(run))["epochs_done"] == 1
+    assert capfd.readouterr().err == (
+        f"warning: checkpoint {run}/ckpt-0002 is unusable ({weights} {ANOTHER_SAVE}); "
+        "trying the one before\n"
+    )
+    assert int(model.optimizer.iterations.numpy()) == 1
+    for path in run.glob("ckpt-0001.*"):
+        path.unlink()
+    with pytest.raises(checkpoints.CheckpointError) as raised:
+        checkpoints.restore(_lars(), str(run))
+    assert str(raised.value) == (
+        f"no usable checkpoint in {run} ({weights} {ANOTHER_SAVE}); move the directory aside "
+        "to start the run over"
+    )
+    assert sorted(p.name for p in run.iterdir()) == ["ckpt-0002.json", "ckpt-0002.weights.h5"]
+
+
+def test_a_state_of_an_earlier_version_without_the_save_id_still_resumes(tmp_path):
+    _saved(tmp_path, _lars(), (1, 2))
+    state_path = tmp_path / "ckpt-0002.json"
+    state = json.loads(state_path.read_text())
+    del state[checkpoints.RECORD]["save"]
+    state_path.write_text(json.dumps(state))
+    with h5py.File(tmp_path / "ckpt-0002.weights.h5", "r+") as weights:
+        del weights.attrs[checkpoints.SAVE_ID]
+    model = _lars()
+    assert checkpoints.restore(model, str(tmp_path))["epochs_done"] == 2
+    assert int(model.optimizer.iterations.numpy()) == 2
+
+
 def test_a_state_without_its_record_stops_on_a_weights_file_that_does_not_fit(tmp_path):
     # A checkpoint written before the state recorded its weights file.
     lars, weights = _swap_in_lambs_weights(tmp_path)
@@ -113,11 +161,14 @@ def test_optimizer_variables_of_other_shapes_stop_in_one_line(tmp_path):
 def test_the_state_records_its_weights_file(tmp_path):
     _saved(tmp_path, _lars(), (1,))
     record = json.loads((tmp_path / "ckpt-0001.json").read_text())[checkpoints.RECORD]
-    assert {k: v for k, v in record.items() if k != "shapes"} == {
+    assert {k: v for k, v in record.items() if k not in ("shapes", "save")} == {
         "optimizer": "lars",
         "variables": 6,
         "optimizer_variables": 4,
     }
+    with h5py.File(tmp_path / "ckpt-0001.weights.h5", "r") as weights:
+        assert weights.attrs[checkpoints.SAVE_ID] == record["save"]
+    assert len(record["save"]) == 32
     assert checkpoints.problem(str(tmp_path), 1) is None
     state_path = tmp_path / "ckpt-0001.json"
     state = json.loads(state_path.read_text())
@@ -130,23 +181,25 @@ def test_the_state_records_its_weights_file(tmp_path):
 
 
 def test_the_training_tool_resumes_from_the_checkpoint_before_another_runs_weights(tmp_path, capfd):
-    # The issue's case: a LAMB run's ckpt-0002.weights.h5 beside a LARS run's ckpt-0002.json.
+    # Another run of the same model and optimizer (another seed): its
+    # ckpt-0002.weights.h5 beside this run's ckpt-0002.json used to resume
+    # "after epoch 2" on the other run's weights. (Another optimizer's file:
+    # the tests above.)
     from tests import train_data
 
-    lars, lamb = tmp_path / "lars", tmp_path / "lamb"
-    train_data.short_run(lars, optimizer="lars")
-    train_data.short_run(lamb, optimizer="lamb")
-    weights = lars / "checkpoints" / "ckpt-0002.weights.h5"
-    shutil.copyfile(lamb / "checkpoints" / "ckpt-0002.weights.h5", weights)
+    run, other = tmp_path / "run", tmp_path / "other"
+    train_data.short_run(run, optimizer="lars")
+    train_data.short_run(other, optimizer="lars", seed=2)
+    weights = run / "checkpoints" / "ckpt-0002.weights.h5"
+    shutil.copyfile(other / "checkpoints" / "ckpt-0002.weights.h5", weights)
     capfd.readouterr()
-    _, summary = train_data.short_run(lars, optimizer="lars")
+    _, summary = train_data.short_run(run, optimizer="lars")
     out, err = capfd.readouterr()
-    assert f"resuming {lars} after epoch 1" in out
+    assert f"resuming {run} after epoch 1" in out
     warnings = [line for line in err.splitlines() if line.startswith("warning: checkpoint")]
     assert warnings == [
-        f"warning: checkpoint {lars}/checkpoints/ckpt-0002 is unusable ({weights} is not the "
-        "file its state records: it holds optimizer 'LAMB' with 125 variables, 227 in all, the "
-        "state records optimizer 'lars' with 63 variables, 165 in all); trying the one before"
+        f"warning: checkpoint {run}/checkpoints/ckpt-0002 is unusable ({weights} "
+        f"{ANOTHER_SAVE}); trying the one before"
     ]
     assert [record["epoch"] for record in summary["history"]] == [1, 2]
 

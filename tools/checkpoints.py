@@ -19,18 +19,26 @@ older than the previous one are removed, unfinished ones with them. Paths
 go through `tf.io.gfile`, so the directory may be a bucket.
 
 The state records what its weights file holds ("weights_file": the
-optimizer's name, the number of variables, of optimizer variables, and a
-digest of every variable's path and shape). A weights file that does not
-match that record (another run's file copied beside it) makes the checkpoint
-unusable; one that does not fit the model being resumed (its optimizer's
-name, number of variables or shapes; Keras itself only warns and skips
-them) stops the resume: a run never trains on with fresh optimizer state.
+optimizer's name, the number of variables, of optimizer variables, a
+digest of every variable's path and shape, and "save": a random id of this
+save, which the weights file holds too, as its attribute `SAVE_ID`). A
+weights file that does not match that record (another run's file copied
+beside it, of the same model and optimizer or not, or another checkpoint's)
+makes the checkpoint unusable: the resume falls back to the checkpoint
+before, saying so, and refuses in one line if none is left; nothing is
+removed. A state of an earlier version records no id and is checked on the
+rest. A weights file that does not fit the model being resumed (its
+optimizer's name, number of variables or shapes; Keras itself only warns
+and skips them) stops the resume: a run never trains on with fresh
+optimizer state.
 """
 
 import hashlib
 import os
 import re
 import sys
+import tempfile
+import uuid
 
 import h5py
 import numpy as np
@@ -43,6 +51,7 @@ _NAME = re.compile(r"^ckpt-(\d+)(?:-(\d+))?\.weights\.h5$")
 _STATE_NAME = re.compile(r"^ckpt-(\d+)(?:-(\d+))?\.json$")
 KEEP = 2
 RECORD = "weights_file"  # the state's record of its weights file (`contents`)
+SAVE_ID = "keras_lars_save"  # the weights file's attribute: the id its state records as "save"
 _OPTIMIZER_VARIABLES = "optimizer/vars"
 _UNIQUE_SUFFIX = re.compile(r"_[0-9]+$")  # where Keras's save_weights puts them, in order
 SPACE_MARGIN = 1.25  # free space asked for, relative to the variables' bytes
@@ -101,7 +110,8 @@ def epochs_saved(directory):
 def _contents(weights, finite=True):
     """(record, optimizer shapes, non-finite dataset or None) of an open
     weights file (h5py): the record {"optimizer": name, "variables": n,
-    "optimizer_variables": m, "shapes": digest of every (path, shape)};
+    "optimizer_variables": m, "shapes": digest of every (path, shape),
+    "save": its `SAVE_ID` attribute or None};
     the shapes of the optimizer's variables in their order (None: the file
     has none); with `finite`, the first dataset holding a non-finite value
     (which reads every array)."""
@@ -115,6 +125,7 @@ def _contents(weights, finite=True):
                 bad.append(name)
 
     weights.visititems(visit)
+    save = weights.attrs.get(SAVE_ID)
     group = weights.get(_OPTIMIZER_VARIABLES)
     optimizer = None
     if isinstance(group, h5py.Group):
@@ -127,6 +138,7 @@ def _contents(weights, finite=True):
         "variables": len(shapes),
         "optimizer_variables": len(optimizer or ()),
         "shapes": digest,
+        "save": save if isinstance(save, str) else None,
     }
     return record, optimizer, (bad[0] if bad else None)
 
@@ -143,6 +155,20 @@ def _described(record):
     )
 
 
+def _write_weights(model, path, save_id):
+    """`model.save_weights(path)` with `save_id` as the file's `SAVE_ID`
+    attribute; a remote path is written locally first (as Keras does)."""
+    if "://" in path:
+        with tempfile.TemporaryDirectory() as local:
+            written = os.path.join(local, os.path.basename(path))
+            _write_weights(model, written, save_id)
+            tf.io.gfile.copy(written, path, overwrite=True)
+        return
+    model.save_weights(path)
+    with h5py.File(path, "r+") as weights:
+        weights.attrs[SAVE_ID] = save_id
+
+
 def save(model, directory, epoch, state, strategy=None, step=0):
     """Writes the checkpoint at (epoch, step); keeps it and the previous
     one. Only the chief's files are kept (`keras_lars.distribute.save_on_chief`)."""
@@ -155,7 +181,8 @@ def save(model, directory, epoch, state, strategy=None, step=0):
         storage.check_space(directory, int(SPACE_MARGIN * size) + 2**20)
         # The weights first: a checkpoint whose weights cannot be written
         # leaves no state file behind, and one whose state cannot, no weights.
-        storage.write_atomically(weights_path, model.save_weights)
+        save_id = uuid.uuid4().hex
+        storage.write_atomically(weights_path, lambda path: _write_weights(model, path, save_id))
         try:
             record = dict(state, **{RECORD: _read_contents(weights_path, finite=False)[0]})
             storage.write_json(state_path, record, indent=None)
@@ -177,7 +204,8 @@ def save(model, directory, epoch, state, strategy=None, step=0):
 def problem(directory, epoch, step=0):
     """Why the checkpoint at (epoch, step) cannot be loaded, or None: its
     state must parse, its weights file must open with every array finite and
-    hold what the state records of it (`RECORD`; older states have none)."""
+    be the one the state records (`RECORD`, with the save's id; older states
+    have no id, or no record)."""
     state_path, weights_path = _paths(directory, epoch, step)
     for path in (state_path, weights_path):
         special = storage.special_file(path)
@@ -198,9 +226,17 @@ def problem(directory, epoch, step=0):
     if bad:
         return f"{weights_path}: non-finite values in {bad}"
     recorded = state.get(RECORD)
+    if isinstance(recorded, dict) and "save" not in recorded:
+        del found["save"]  # an earlier version's state records no id
     if recorded is not None and recorded != found:
         if isinstance(recorded, dict) and _described(recorded) == _described(found):
-            difference = "the shapes of its variables are not those the state records"
+            if recorded.get("shapes") != found["shapes"]:
+                difference = "the shapes of its variables are not those the state records"
+            else:
+                difference = (
+                    "it was written by another save (another run's file, or another "
+                    "checkpoint's), of the same model and optimizer"
+                )
         else:
             shown = _described(recorded) if isinstance(recorded, dict) else repr(recorded)
             difference = f"it holds {_described(found)}, the state records {shown}"
