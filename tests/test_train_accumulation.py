@@ -15,8 +15,10 @@ import time
 import numpy as np
 import pytest
 
+import keras_lars
 from keras_lars.tools import checkpoints
 from keras_lars.tools import train
+from keras_lars.tools.train import runtime as train_runtime
 from tests.train_tool import TIMEOUT
 from tests.train_tool import assert_same_weights
 from tests.train_tool import h5_arrays
@@ -167,6 +169,27 @@ def test_an_execution_that_splits_an_update_is_refused():
         "--steps_per_execution=3: with --gradient_accumulation_steps=4 one must divide the "
         "other, so that an execution ends where an update does."
     )
+
+
+@pytest.mark.parametrize("devices", [["/cpu:0"], ["/cpu:0", "/cpu:1"]])
+def test_accumulation_under_mirrored_is_one_line_before_training(monkeypatch, tmp_path, devices):
+    # tf.distribute refuses the update's merge_call inside Keras's tf.cond
+    # under MirroredStrategy on one device too: that was a ValueError traceback.
+    monkeypatch.setattr(
+        train_runtime,
+        "strategy_of_flags",
+        lambda config: keras_lars.make_strategy("mirrored", devices=devices),
+    )
+    with pytest.raises(train.ConfigError) as raised:
+        run(tmp_path / "run", gradient_accumulation_steps=2, strategy="mirrored")
+    replicas = "1 replica" if len(devices) == 1 else "2 replicas"
+    assert str(raised.value) == (
+        f"--gradient_accumulation_steps=2 with --strategy=mirrored ({replicas}): Keras "
+        "all-reduces inside the tf.cond of its update step, which tf.distribute's "
+        "MirroredStrategy refuses, on one replica too; accumulate under "
+        "--strategy=one_device or default, or on --backend=jax."
+    )
+    assert not (tmp_path / "run").exists()  # refused before anything
 
 
 def test_the_noise_scale_on_one_device_needs_micro_batches(tmp_path):

@@ -65,7 +65,7 @@ def train_and_evaluate(config):
     data = input_pipeline.load(config)
     runtime.place(lambda: build.variable_shapes(config, data.info.num_classes))
     replicas = runtime.strategy.num_replicas_in_sync
-    _check_split(config, replicas, runtime.flag)
+    _check_split(config, runtime.strategy, runtime.flag)
     length = run_length(config, data.info.num_train)
     for number, phase in enumerate(length.phases, 1):
         if phase.global_batch_size % replicas:
@@ -84,9 +84,11 @@ def train_and_evaluate(config):
     )
 
 
-def _check_split(config, replicas, flag):
+def _check_split(config, strategy, flag):
     """The global batch (a micro-batch of it under accumulation) divides
-    between the replicas, and the noise scale has two gradient sizes."""
+    between the replicas, accumulation runs where tf.distribute lets it, and
+    the noise scale has two gradient sizes."""
+    replicas = strategy.num_replicas_in_sync
     if config.micro_batch_size % replicas:
         micro = config.gradient_accumulation_steps > 1
         raise ConfigError(
@@ -95,11 +97,19 @@ def _check_split(config, replicas, flag):
             + f" is not divisible by the {replicas} replicas of {flag}."
         )
     accumulating = config.gradient_accumulation_steps > 1
-    if accumulating and replicas > 1 and config.backend == "tensorflow":
+    # Any strategy but the default and OneDeviceStrategy synchronises its
+    # replicas through merge_call, one replica too (keras_lars.layerwise).
+    synchronising = config.backend == "tensorflow" and not (
+        strategy is tf.distribute.get_strategy()
+        or isinstance(strategy, tf.distribute.OneDeviceStrategy)
+    )
+    if accumulating and synchronising:
         raise ConfigError(
-            f"--gradient_accumulation_steps={config.gradient_accumulation_steps} with the "
-            f"{replicas} replicas of {flag}: Keras all-reduces inside the tf.cond of its update "
-            "step, which tf.distribute refuses; accumulate on one device, or on --backend=jax."
+            f"--gradient_accumulation_steps={config.gradient_accumulation_steps} with {flag} "
+            f"({replicas} replica{'s' * (replicas != 1)}): Keras all-reduces inside the tf.cond "
+            f"of its update step, which tf.distribute's {type(strategy).__name__} refuses, on one "
+            "replica too; accumulate under --strategy=one_device or default, or on "
+            "--backend=jax."
         )
     if config.noise_scale and config.backend == "jax" and replicas > 1:
         raise ConfigError(
