@@ -23,7 +23,9 @@ if not _quiet.holding():
     from keras_lars.distribute import make_strategy
     from keras_lars.lamb import LAMB
     from keras_lars.lars import LARS
+    from keras_lars.noise_scale import NoiseScaleMeasurement
     from keras_lars.noise_scale import NoiseScaleMonitor
+    from keras_lars.noise_scale import measure_noise_scale
     from keras_lars.phases import Phase
     from keras_lars.recipes import LarsRecipe
     from keras_lars.recipes import epochs_to_steps
@@ -64,6 +66,8 @@ __all__ = [
     "EpochWarmupPolyDecay",
     "TrustRatioMonitor",
     "NoiseScaleMonitor",
+    "measure_noise_scale",
+    "NoiseScaleMeasurement",
     "DivergenceGuard",
     "NonFiniteLossError",
     "LarsRecipe",

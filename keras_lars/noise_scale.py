@@ -30,12 +30,17 @@ correction cancels in B_simple.
 The optimizers measure it without an extra forward or backward pass (see
 `NoiseScaleEstimator` for where the two gradient sizes come from), and
 `NoiseScaleMonitor` puts the readings into the training logs.
+`measure_noise_scale` measures it at fixed weights instead, from many
+micro-batches and with a confidence interval: no moving average, no lag.
 """
 
+import dataclasses
 import inspect
 import math
+import statistics
 
 import keras
+import numpy as np
 from keras import ops
 
 from keras_lars import _internals
@@ -305,3 +310,165 @@ class NoiseScaleMonitor(keras.callbacks.Callback):
 
     def get_config(self):
         return {"every_batch": self.every_batch}
+
+
+# --- at fixed weights ------------------------------------------------------
+@dataclasses.dataclass(frozen=True)
+class NoiseScaleMeasurement:
+    """What `measure_noise_scale` found (see there). Attributes:
+
+    noise_scale: B_simple = trace / gradient_sq, in examples.
+    gradient_sq, trace: |G|^2 and tr(Sigma), the means of the groups' estimates.
+    interval: (low, high), B_simple's two-sided `confidence` interval.
+    standard_error: B_simple's jackknife standard error.
+    small_batch, big_batch: b and B = micro_batches * b.
+    small_norm_sq, big_norm_sq: each group's N_small and N_big (numpy arrays).
+    indices: the examples of each micro-batch, shape (groups, micro_batches, b).
+    """
+
+    noise_scale: float
+    gradient_sq: float
+    trace: float
+    interval: tuple
+    standard_error: float
+    small_batch: int
+    big_batch: int
+    small_norm_sq: object
+    big_norm_sq: object
+    indices: object
+
+
+def noise_scale_from_norms(small_norm_sq, big_norm_sq, small_batch, big_batch, confidence=0.95):
+    """B_simple and its confidence interval from G groups' squared norms
+    (sequences of N_small at batch b and N_big at batch B, one pair a group):
+    |G|^2 and tr(Sigma) are the means of the groups' unbiased estimates, and
+    B_simple their ratio, with the delete-one-group jackknife's standard
+    error and a normal interval around it. Needs G >= 2 groups.
+
+    Returns (noise_scale, gradient_sq, trace, (low, high), standard_error)."""
+    small = np.asarray(small_norm_sq, dtype="float64")
+    big = np.asarray(big_norm_sq, dtype="float64")
+    if small.shape != big.shape or small.ndim != 1 or len(small) < 2:
+        raise ValueError(
+            f"`small_norm_sq` and `big_norm_sq` must be two sequences of one number a group, "
+            f"at least 2 groups; received shapes {small.shape} and {big.shape}."
+        )
+    check_number("confidence", confidence, above=0.0, below=1.0)
+    gradient_sq = gradient_norm_sq_estimate(small, big, small_batch, big_batch)
+    trace = trace_estimate(small, big, small_batch, big_batch)
+    groups = len(small)
+    scale = simple_noise_scale(gradient_sq.mean(), trace.mean())
+    # Delete-one jackknife of the ratio of means.
+    left_out = (trace.sum() - trace) / (gradient_sq.sum() - gradient_sq)
+    error = math.sqrt((groups - 1) / groups * float(np.sum((left_out - left_out.mean()) ** 2)))
+    z = statistics.NormalDist().inv_cdf(0.5 + confidence / 2)
+    interval = (float(scale - z * error), float(scale + z * error))
+    return float(scale), float(gradient_sq.mean()), float(trace.mean()), interval, error
+
+
+def measure_noise_scale(
+    model,
+    x,
+    y,
+    loss,
+    micro_batch_size,
+    micro_batches=8,
+    groups=32,
+    seed=0,
+    confidence=0.95,
+    training=False,
+):
+    """The gradient noise scale B_simple of `model` at its current weights.
+
+    McCandlish et al. 2018 (arXiv:1812.06162, appendix A.1): the mean
+    gradient of b examples has E|G_b|^2 = |G|^2 + tr(Sigma) / b, so squared
+    norms at two batch sizes b = B_small < B_big = B, taken at the same
+    weights, give unbiased estimates of the true gradient's squared norm and
+    of the summed per-example variance:
+
+        |G|^2     = (B |G_big|^2 - b |G_small|^2) / (B - b)
+        tr(Sigma) = (|G_small|^2 - |G_big|^2) / (1/b - 1/B)
+        B_simple  = tr(Sigma) / |G|^2
+
+    Here the weights do not move: each of `groups` groups draws
+    `micro_batches` micro-batches of `micro_batch_size` examples of (x, y)
+    uniformly with replacement (seeded by `seed`; so the identity above holds
+    exactly for the data set's gradient moments), takes each micro-batch's
+    gradient g_j, and N_small = mean_j |g_j|^2 at b, N_big = |mean_j g_j|^2
+    at B = micro_batches * b. |G|^2 and tr(Sigma) are the means of the
+    groups' estimates, B_simple their ratio: no moving average, so no lag
+    (unlike the optimizers' `noise_scale_batch_size`, which reads a training
+    run's gradients as the weights move). The interval is the delete-one-group
+    jackknife's normal interval (`noise_scale_from_norms`).
+
+    Args:
+        model: a built Keras model (TensorFlow or JAX backend).
+        x, y: the data set: numpy arrays (or array-likes) indexed by example.
+        loss: a Keras loss (name, function or instance) that averages over the
+            batch (Keras's default "sum_over_batch_size"); the model's own
+            regularisation losses are not included.
+        micro_batch_size: b, at least 1.
+        micro_batches: B / b, at least 2.
+        groups: independent groups of micro-batches, at least 2.
+        seed: the seed of the draw.
+        confidence: of the interval, in (0, 1).
+        training: the model's call mode (False: batch norm uses its moving
+            statistics and dropout is off, so each example's gradient is a
+            fixed function of the weights).
+
+    Returns:
+        A `NoiseScaleMeasurement`.
+    """
+    b = check_integer("micro_batch_size", micro_batch_size, at_least=1)
+    k = check_integer("micro_batches", micro_batches, at_least=2)
+    groups = check_integer("groups", groups, at_least=2)
+    x, y = np.asarray(x), np.asarray(y)
+    if len(x) != len(y) or not len(x):
+        raise ValueError(
+            f"`x` and `y` must hold the same number of examples, at least one; received "
+            f"{len(x)} and {len(y)}."
+        )
+    gradient = _gradient_function(model, keras.losses.get(loss), training)
+    indices = np.random.default_rng(seed).integers(0, len(x), size=(groups, k, b))
+    small, big = [], []
+    for group in indices:
+        grads = [[np.asarray(g, "float64") for g in gradient(x[i], y[i])] for i in group]
+        small.append(np.mean([sum(np.sum(g * g) for g in gs) for gs in grads]))
+        mean = [np.mean(parts, axis=0) for parts in zip(*grads)]
+        big.append(sum(np.sum(g * g) for g in mean))
+    small, big = np.array(small), np.array(big)
+    found = noise_scale_from_norms(small, big, b, k * b, confidence)
+    return NoiseScaleMeasurement(*found, b, k * b, small, big, indices)
+
+
+def _gradient_function(model, loss, training):
+    """grad(x, y): the gradients of the batch's mean loss(y, model(x)) (a
+    loss function's per-example values averaged) with respect to the model's
+    trainable variables, at their current values."""
+    backend = keras.backend.backend()
+    variables = model.trainable_variables
+    if backend == "tensorflow":
+        import tensorflow as tf
+
+        @tf.function(reduce_retracing=True)
+        def gradient(x, y):
+            with tf.GradientTape() as tape:
+                value = ops.mean(loss(y, model(x, training=training)))
+            return tape.gradient(value, variables)
+
+        return gradient
+    if backend == "jax":
+        import jax
+
+        trainable = [v.value for v in variables]
+        non_trainable = [v.value for v in model.non_trainable_variables]
+
+        def value(weights, x, y):
+            output, _ = model.stateless_call(weights, non_trainable, x, training=training)
+            return ops.mean(loss(y, output))
+
+        jitted = jax.jit(jax.grad(value))
+        return lambda x, y: jitted(trainable, x, y)
+    raise ValueError(
+        f"`measure_noise_scale` runs on the TensorFlow and JAX backends, not on {backend!r}."
+    )

@@ -174,6 +174,82 @@ def test_the_debiased_moving_average_of_a_constant_is_the_constant():
     assert math.isnan(noise_scale.debiased(0.0, 0.9, 0))
 
 
+# --- at fixed weights (measure_noise_scale) ---------------------------------
+def linear_model():
+    model = keras.Sequential([keras.Input((FEATURES,)), keras.layers.Dense(1)])
+    model.set_weights(WEIGHTS)
+    return model
+
+
+def test_measured_at_fixed_weights_matches_brute_force_and_the_exact_values():
+    x, y = make_data()
+    found = keras_lars.measure_noise_scale(
+        linear_model(), x, y, "mse", micro_batch_size=4, micro_batches=4, groups=DRAWS, seed=3
+    )
+    assert (found.small_batch, found.big_batch, found.indices.shape) == (4, 16, (DRAWS, 4, 4))
+    # Each group's estimates are numpy's from the same examples.
+    expected = reference(per_example_gradients(x, y), list(found.indices))
+    estimates = np.stack(
+        [
+            noise_scale.gradient_norm_sq_estimate(found.small_norm_sq, found.big_norm_sq, 4, 16),
+            noise_scale.trace_estimate(found.small_norm_sq, found.big_norm_sq, 4, 16),
+        ],
+        axis=1,
+    )
+    np.testing.assert_allclose(estimates, expected, rtol=1e-4, atol=1e-4 * np.abs(expected).max())
+    assert (found.gradient_sq, found.trace) == pytest.approx(tuple(estimates.mean(axis=0)))
+    # Unbiased: the means within Z standard errors of the exact moments, and
+    # B_simple's interval at Z's confidence holds the exact ratio.
+    truth = np.array(exact(x, y))
+    error = estimates.std(axis=0, ddof=1) / math.sqrt(DRAWS)
+    assert np.all(np.abs(estimates.mean(axis=0) - truth) < Z * error), (estimates.mean(0), truth)
+    wide = noise_scale.noise_scale_from_norms(
+        found.small_norm_sq, found.big_norm_sq, 4, 16, confidence=0.9999
+    )
+    assert wide[3][0] < truth[1] / truth[0] < wide[3][1], (wide, truth)
+    assert found.interval[0] < found.noise_scale < found.interval[1]
+    assert found.noise_scale == pytest.approx(found.trace / found.gradient_sq)
+    assert found.standard_error == pytest.approx(wide[4])
+    # The weights did not move; the same seed draws the same examples.
+    np.testing.assert_array_equal(
+        found.indices, np.random.default_rng(3).integers(0, 32, (DRAWS, 4, 4))
+    )
+
+
+def test_the_interval_is_the_jackknife_of_the_ratio_of_means():
+    # Noise-free groups: every estimate exact, no spread.
+    gradient_sq, trace, b, big_b = 2.0, 48.0, 4, 16
+    small, big = [gradient_sq + trace / b] * 3, [gradient_sq + trace / big_b] * 3
+    scale, g2, tr, interval, error = noise_scale.noise_scale_from_norms(small, big, b, big_b)
+    assert (scale, g2, tr, *interval, error) == pytest.approx((24.0, 2.0, 48.0, 24.0, 24.0, 0.0))
+    # Three groups by hand: estimates (|G|^2, tr) = (1, 8), (2, 8), (1, 16) at b = 1, B = 2.
+    pairs = [(1.0, 8.0), (2.0, 8.0), (1.0, 16.0)]
+    small = [g + t for g, t in pairs]  # N_small = |G|^2 + tr / 1
+    big = [g + t / 2 for g, t in pairs]  # N_big = |G|^2 + tr / 2
+    scale, g2, tr, interval, error = noise_scale.noise_scale_from_norms(small, big, 1, 2, 0.95)
+    left_out = np.array([24 / 3, 24 / 2, 16 / 3])  # without group 1, 2, 3
+    expected = math.sqrt(2 / 3 * np.sum((left_out - left_out.mean()) ** 2))
+    assert (scale, g2, tr, error) == pytest.approx((32 / 4, 4 / 3, 32 / 3, expected))
+    assert interval == pytest.approx((8 - 1.959964 * expected, 8 + 1.959964 * expected))
+
+
+@pytest.mark.parametrize(
+    "arguments, message",
+    [
+        ({"micro_batches": 1}, r"`micro_batches` must be an integer >= 2"),
+        ({"groups": 1}, r"`groups` must be an integer >= 2"),
+        ({"micro_batch_size": 0}, r"`micro_batch_size` must be an integer >= 1"),
+        ({"confidence": 1.0}, r"`confidence` must be a finite number > 0.0 and < 1.0"),
+        ({"y": np.zeros((5, 1))}, r"`x` and `y` must hold the same number of examples"),
+    ],
+)
+def test_bad_measurement_arguments_name_the_argument(arguments, message):
+    x, y = make_data()
+    given = {"x": x, "y": y, "loss": "mse", "micro_batch_size": 2, "groups": 2, **arguments}
+    with pytest.raises(ValueError, match=message):
+        keras_lars.measure_noise_scale(linear_model(), **given)
+
+
 # --- measured in training ---------------------------------------------------
 def test_micro_batches_on_one_device_match_brute_force():
     estimates, groups = measure(DRAWS, small=4, groups_per_update=4)
