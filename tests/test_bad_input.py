@@ -52,6 +52,32 @@ def test_a_wrong_shaped_line_of_the_study_store_is_one_error_naming_file_and_lin
     assert path.read_text() == before  # nothing lost
 
 
+@pytest.mark.parametrize(
+    "nested",
+    ["[" * 100_000 + "]" * 100_000, '{"a": ' * 100_000 + "1" + "}" * 100_000],
+    ids=["list", "object"],
+)
+def test_a_deeply_nested_line_of_the_study_store_is_one_error_naming_file_and_line(
+    tmp_path, nested
+):
+    # json.loads raised RecursionError: a traceback.
+    from keras_lars.tools import batch_study
+    from keras_lars.tools import storage
+
+    path = tmp_path / "trials.jsonl"
+    batch_study.append_record(str(path), {"key": "a", "row": {"x": 1}})
+    with open(path, "a") as f:
+        f.write(nested + "\n")
+    before = path.read_text()
+    with pytest.raises(storage.StorageError) as raised:
+        batch_study.load_store(str(path))
+    assert str(raised.value) == (
+        f"{path}, line 2: JSON nested too deeply to read, not a cell's record; repair or "
+        "remove that line (a removed cell is trained again)"
+    )
+    assert path.read_text() == before  # nothing lost
+
+
 def test_a_stored_row_without_the_study_fields_names_file_and_line(tmp_path):
     from keras_lars.tools import batch_study
     from keras_lars.tools import storage

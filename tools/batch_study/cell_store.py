@@ -61,7 +61,10 @@ def load_store(path, row_fields=()):
                 record = json.loads(line)
             except ValueError:  # UnicodeDecodeError too
                 continue
-            problem = _problem(record, row_fields)
+            except RecursionError:
+                problem = "JSON nested too deeply to read, not a cell's record"
+            else:
+                problem = _problem(record, row_fields)
             if problem:
                 raise StorageError(
                     f"{path}, line {number}: {problem}; repair or remove that line "
