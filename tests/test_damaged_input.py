@@ -487,3 +487,59 @@ def test_a_fifo_in_place_of_the_study_store_is_one_line_without_blocking(tmp_pat
     with pytest.raises(storage.StorageError) as raised:
         batch_study.load_store(str(path))
     assert str(raised.value) == f"{path} is a FIFO (named pipe), not the study's store (a file)"
+
+
+@pytest.mark.parametrize(
+    "target", ["trials.jsonl", "missing.jsonl", "real.jsonl"], ids=["loop", "dangling", "file"]
+)
+def test_a_symbolic_link_in_place_of_the_study_store_is_one_line(tmp_path, target):
+    # The store is appended to in place: a link to a file is refused too.
+    from keras_lars.tools import batch_study
+
+    (tmp_path / "real.jsonl").write_text('{"key": "a", "row": {}}\n')
+    path = tmp_path / "trials.jsonl"
+    path.symlink_to(target)
+    line = (
+        f"{path} is a symbolic link (to {target}), not the study's store (a file); put the "
+        "file itself there"
+    )
+    for step in (batch_study.load_store, lambda p: batch_study.append_record(p, {"key": "b"})):
+        with pytest.raises(storage.StorageError) as raised:
+            step(str(path))
+        assert str(raised.value) == line
+    assert os.readlink(path) == target and not (tmp_path / "missing.jsonl").exists()
+    assert (tmp_path / "real.jsonl").read_text() == '{"key": "a", "row": {}}\n'
+
+
+def test_a_store_the_study_cannot_use_is_refused_before_a_trial_is_trained(tmp_path, monkeypatch):
+    # A link loop at trials.jsonl: a trial was trained, its checkpoints
+    # removed, and then storing its result failed.
+    from keras_lars.tools import batch_study
+    from keras_lars.tools.batch_study import target_runner
+    from tests.test_batch_study_target import SIMULATED
+    from tests.test_batch_study_target import parse
+
+    def run_trial(t):
+        raise AssertionError(f"trained {t.name}")
+
+    monkeypatch.setattr(target_runner, "run_trial", run_trial)
+    study = parse(*SIMULATED, "--batch_sizes=64", f"--study_dir={tmp_path}")
+    path = tmp_path / "trials.jsonl"
+    path.symlink_to("trials.jsonl")
+    with pytest.raises(storage.StorageError) as raised:
+        batch_study.run_target_study(study)
+    assert str(raised.value).startswith(f"{path} is a symbolic link (to trials.jsonl)")
+    assert os.listdir(tmp_path) == ["trials.jsonl"]
+
+
+def test_a_store_append_after_a_torn_last_line_starts_a_new_line(tmp_path):
+    # The record used to join the torn line, and both were skipped as not JSON.
+    from keras_lars.tools import batch_study
+
+    path = tmp_path / "cells.jsonl"
+    batch_study.append_record(str(path), {"key": "a", "row": {}})
+    with open(path, "a") as f:
+        f.write('{"key": "b", "ro')  # killed while appending
+    batch_study.append_record(str(path), {"key": "c", "row": {}})
+    assert sorted(batch_study.load_store(str(path))) == ["a", "c"]
+    assert path.read_text().splitlines()[1:] == ['{"key": "b", "ro', '{"key": "c", "row": {}}']

@@ -1,13 +1,17 @@
-"""The store of finished cells: one JSON line per cell in cells.jsonl,
-appended (and synced) as each finishes."""
+"""The store of finished cells: one JSON line per cell in cells.jsonl
+(trials.jsonl), appended (and synced) as each finishes, to a regular file:
+a symbolic link, a FIFO or a directory at its path, or a store that cannot
+be written, is refused when it is loaded, before anything is trained."""
 
 import json
 import math
 import numbers
 import os
+import stat
 
 from keras_lars.tools.batch_study.results import ACCURACIES
 from keras_lars.tools.storage import StorageError
+from keras_lars.tools.storage import check_writable
 from keras_lars.tools.storage import special_file
 
 # finite numbers in [0, 1] (the steps-to-target mode's best_val_accuracy too)
@@ -43,19 +47,45 @@ def _problem(record, row_fields):
     return next((problem for problem in problems if problem), None)
 
 
+def _open(path, flags):
+    """A descriptor of the store `path` opened with `flags`, never through a
+    symbolic link nor blocking on a FIFO; StorageError naming `path` where it
+    is not a regular file or cannot be opened."""
+    try:
+        kind = stat.S_IFMT(os.lstat(path).st_mode)
+    except FileNotFoundError:
+        kind = None
+    except OSError as error:
+        raise StorageError(f"cannot read {path}: {error.strerror}") from None
+    if kind == stat.S_IFLNK:
+        target = os.readlink(path)
+        raise StorageError(
+            f"{path} is a symbolic link (to {target}), not the study's store (a file); "
+            "put the file itself there"
+        )
+    if kind not in (None, stat.S_IFREG):
+        described = special_file(path) or "not a regular file"
+        raise StorageError(f"{path} is {described}, not the study's store (a file)")
+    try:
+        return os.open(path, flags | os.O_NOFOLLOW | os.O_NONBLOCK, 0o666)
+    except OSError as error:
+        raise StorageError(f"cannot open {path}: {error.strerror}") from None
+
+
 def load_store(path, row_fields=()):
     """{key: record} of the finished cells in the JSON-lines file `path`; a
     torn last line (a kill while appending) is ignored. A line that is JSON
     but not a cell's record (with `row_fields` in its row, its accuracies
     finite numbers in [0, 1] and its steps >= 1) is a StorageError naming the
-    file and line: such a cell is not taken as done."""
+    file and line: such a cell is not taken as done. So is a store that is
+    not a regular file or cannot be appended to (`append_record`): refused
+    here, before a cell is trained, not when its result is stored."""
     records = {}
-    if not os.path.exists(path):
+    if not os.path.lexists(path):
+        check_writable(os.path.dirname(path) or ".")
         return records
-    special = special_file(path)
-    if special:  # a FIFO would block
-        raise StorageError(f"{path} is {special}, not the study's store (a file)")
-    with open(path, "rb") as f:  # bytes: a torn multi-byte character is a torn line
+    os.close(_open(path, os.O_WRONLY | os.O_APPEND))  # writable; nothing written
+    with os.fdopen(_open(path, os.O_RDONLY), "rb") as f:  # bytes: a torn character is a torn line
         for number, line in enumerate(f, 1):
             try:
                 record = json.loads(line)
@@ -75,8 +105,20 @@ def load_store(path, row_fields=()):
 
 
 def append_record(path, record):
-    """Appends `record` as one JSON line to `path` and syncs it to disk."""
-    with open(path, "a") as f:
-        f.write(json.dumps(record) + "\n")
-        f.flush()
-        os.fsync(f.fileno())
+    """Appends `record` as one JSON line to the store `path` (a regular file,
+    created if absent) and syncs it to disk; after a torn last line (a kill
+    while appending) it starts a new line. StorageError naming `path` if it
+    cannot."""
+    line = (json.dumps(record) + "\n").encode()
+    descriptor = _open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT)
+    try:
+        size = os.fstat(descriptor).st_size
+        if size and os.pread(descriptor, 1, size - 1) != b"\n":
+            line = b"\n" + line
+        while line:
+            line = line[os.write(descriptor, line) :]
+        os.fsync(descriptor)
+    except OSError as error:
+        raise StorageError(f"cannot write {path}: {error.strerror}") from None
+    finally:
+        os.close(descriptor)
