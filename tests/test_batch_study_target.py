@@ -17,6 +17,7 @@ from keras_lars.tools.batch_study import target_runner
 from keras_lars.tools.batch_study import target_search
 from keras_lars.tools.batch_study.cells import cell_key
 from keras_lars.tools.settings import ConfigError
+from keras_lars.tools.train.loop import Diverged
 from tests.test_batch_study import parse
 from tests.test_batch_study import read_csv
 from tests.test_batch_study import read_json
@@ -693,3 +694,19 @@ def test_a_collapsed_trial_is_not_reached_with_the_seconds_and_step_of_its_stop(
     del found["collapsed"]  # trained on to its budget
     row = target_runner.trial_row(t, summary, 20.0)
     assert row["seconds"] == 10.0 and "collapsed_step" not in row
+
+
+def test_a_noise_scale_trial_that_diverges_before_its_first_evaluation_is_not_reached():
+    # trial_row took the noise scale of the last evaluation: an IndexError.
+    study = parse(*TARGET, "--batch_sizes=64,256", "--noise_scale_batch_size=256")
+    t = target_search.trial(study, "lars", 256, 1.0, 0, 0, 1438, micro_batches=8)
+    assert t.config.noise_scale
+    error = Diverged("loss became non-finite at step 2", {"epochs_done": 0, "history": []})
+    row = target_runner.trial_row(t, target_runner.diverged_summary(t, error), 3.0)
+    budget = t.config.train_steps
+    assert (row["reached"], row["steps"], row["examples"]) == (False, budget, budget * 256)
+    assert (row["best_val_accuracy"], row["noise_scale_step"]) == (0.0, None)
+    assert math.isnan(row["noise_scale"])
+    assert target_results.noise_scales([row]) == {
+        "lars": {"batch_size": 256, "noise_scale": None, "step": None, "reached": False}
+    }

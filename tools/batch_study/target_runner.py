@@ -56,9 +56,12 @@ def trial_row(t, summary, wall):
         seconds = sum(h["seconds"] for h in summary["history"])
     stopped = {"collapsed_step": collapsed["step"]} if collapsed else {}
     noise = {}
-    if t.config.noise_scale:  # at the target, or at the last evaluation
-        at = found if found["reached"] else evaluations[-1]
-        noise = {"noise_scale": at["noise_scale"], "noise_scale_step": at["step"]}
+    if t.config.noise_scale:  # at the target, or at the last evaluation (none: NaN)
+        at = found if found["reached"] else (evaluations or [None])[-1]
+        noise = {
+            "noise_scale": at["noise_scale"] if at else math.nan,  # diverged before one
+            "noise_scale_step": at["step"] if at else None,
+        }
     return {
         "optimizer": t.optimizer,
         "batch_size": t.batch_size,
