@@ -55,7 +55,8 @@ class LAMB(LayerwiseOptimizer):
     Other Parameters:
         allreduce_dtype: None, "float32", "bfloat16" or "float16": the
             precision of the cross-replica gradient sum under a tf.distribute
-            strategy (`LayerwiseOptimizer._all_reduce_sum_gradients`).
+            strategy (`keras_lars.distribute.all_reduce_in`); None and
+            "float32" sum in the gradients' own dtype.
         noise_scale_batch_size: None, or the global batch size of one
             training step (one micro-batch, all replicas together): measure
             the gradient noise scale B_simple (`keras_lars.noise_scale`),

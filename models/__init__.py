@@ -37,12 +37,14 @@ GLOBAL_POOLING = frozenset({"resnet18", "resnet34", "resnet50", "resnet101", "re
 
 
 def has_batch_norm(name):
-    """Whether BUILDERS[name] has batch norm (and takes `sync_batch_norm`)."""
+    """Whether the model `name` (a key of `BUILDERS`) has batch norm, and so
+    takes `sync_batch_norm`."""
     return name not in WITHOUT_BATCH_NORM
 
 
 def takes_any_image_size(name):
-    """Whether BUILDERS[name] pools globally (GLOBAL_POOLING)."""
+    """Whether the model `name` (a key of `BUILDERS`) pools globally, and so
+    takes any image size (the others flatten a feature map of one size)."""
     return name in GLOBAL_POOLING
 
 
@@ -67,6 +69,10 @@ if not _quiet.holding():
     from keras_lars.models.simple_cnn import simple_cnn
 
     BUILDERS = {name: globals()[name] for name in NAMES}
+    """{name: builder} of the reference models by name, what the training
+    tool's and the planner's `--model` take: "resnet18", "resnet34",
+    "resnet50", "resnet101", "resnet152", "alexnet", "alexnet_bn" and
+    "simple_cnn"."""
 
 __all__ = [
     "BUILDERS",

@@ -132,6 +132,13 @@ def alexnet(
         float32_logits: bool, the last dense layer computes in float32 under a
             mixed-precision policy.
         name: model name.
+
+    Returns:
+        keras.Model: images to logits (no softmax; use a loss with
+        `from_logits=True`).
+
+    Raises:
+        ValueError: an argument out of range, named in the message.
     """
     input_shape = _check(num_classes, input_shape, float32_logits, name)
     inputs = keras.Input(shape=input_shape, name="images")
@@ -152,8 +159,10 @@ def alexnet_bn(
 ):
     """AlexNet-BN (You et al. 2017): batch norm after every convolution.
 
-    62,379,720 trainable parameters at 224x224 with 1000 classes (see the module
-    docstring for the count). Batch norm momentum 0.9, epsilon 1e-5.
+    The LARS paper's AlexNet-BN: widths 96-256-384-384-256, no local response
+    normalization, convolutions without bias, dropout after fc6 and fc7.
+    62,379,720 trainable parameters at 224x224 with 1000 classes (2,752 more
+    moving statistics). Batch norm momentum 0.9, epsilon 1e-5.
 
     Args:
         num_classes: integer >= 1, size of the logits.
@@ -162,6 +171,13 @@ def alexnet_bn(
             mixed-precision policy.
         sync_batch_norm: bool, batch statistics over all replicas.
         name: model name.
+
+    Returns:
+        keras.Model: images to logits (no softmax; use a loss with
+        `from_logits=True`).
+
+    Raises:
+        ValueError: an argument out of range, named in the message.
     """
     input_shape = _check(
         num_classes, input_shape, float32_logits, name, sync_batch_norm=sync_batch_norm

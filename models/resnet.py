@@ -128,10 +128,13 @@ def resnet(
         name: model name; default "resnet{depth}".
 
     Returns:
-        A model mapping images to logits (no softmax): use a loss with
-        `from_logits=True`. Layers are named "conv1", "bn1",
+        keras.Model: images to logits (no softmax; use a loss with
+        `from_logits=True`). Its layers are named "conv1", "bn1",
         "stage{s}_block{b}_conv{i}" / "_bn{i}" / "_shortcut_conv" /
         "_shortcut_bn" (s, b, i from 1) and "fc".
+
+    Raises:
+        ValueError: an argument out of range, named in the message.
     """
     if not isinstance(depth, int) or isinstance(depth, bool) or depth not in DEPTHS:
         raise ValueError(f"`depth` must be one of {sorted(DEPTHS)}, received {depth!r}.")

@@ -40,7 +40,12 @@ def simple_cnn(
     float32_logits=True,
     name="simple_cnn",
 ):
-    """Shallue et al.'s simple CNN (module docstring).
+    """Shallue et al.'s (2019) simple CNN for MNIST and Fashion-MNIST.
+
+    Two 5x5 convolutions (`filters`), each followed by ReLU and a 2x2 max
+    pool, then a dense hidden layer of `hidden_units` with ReLU and the
+    logits; no batch norm, no dropout. 3,274,634 parameters at 28x28x1 with
+    10 classes.
 
     Args:
         num_classes: integer >= 1, size of the logits.
@@ -51,6 +56,13 @@ def simple_cnn(
         float32_logits: bool, the last dense layer computes in float32 under a
             mixed-precision policy.
         name: model name.
+
+    Returns:
+        keras.Model: images to logits (no softmax; use a loss with
+        `from_logits=True`).
+
+    Raises:
+        ValueError: an argument out of range, named in the message.
     """
     shape = check_common(num_classes, input_shape, float32_logits, name)
     if min(shape[:2]) < 2**POOLS:
