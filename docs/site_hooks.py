@@ -7,6 +7,9 @@
   models/ as `keras_lars.models` (setup.cfg's package_dir), which is not a
   folder of keras_lars/ on disk, so the hook gives griffe a tree of links laid
   out as the installed package.
+- A fenced block without a language that starts with `$ ` is a transcript:
+  the site fences it as `console`, and docs/stylesheets/extra.css makes the
+  copy button leave out its prompts and output.
 - `api_problems()`: every name of `keras_lars.__all__` and
   `keras_lars.models.__all__` has one `::: keras_lars...` entry in docs/api/,
   each entry is such a name, and each has a docstring. The build reports each
@@ -39,6 +42,7 @@ PACKAGES = {"keras_lars": "keras_lars", "keras_lars.models": "models"}
 # `::: keras_lars.NAME`, or `::: keras_lars.models.NAME.NAME` for a function
 # defined in the module of its own name (griffe would show the module).
 ENTRY = re.compile(r"^::: (keras_lars(?:\.models)?)\.(\w+)(?:\.\2)?\s*$", re.M)
+FENCE = re.compile(r"^(\s*)```(\S*)\s*$")
 LINK = re.compile(r"(\]\()([^)\s#]+\.md)(#[^)\s]*)?(\))")
 
 log = logging.getLogger("mkdocs.plugins.keras_lars")
@@ -189,9 +193,28 @@ def site_link(page, target):
     return posixpath.relpath(on_site, posixpath.dirname(page) or ".")
 
 
+def as_console(markdown):
+    """`markdown` with each fenced block that has no language and starts with
+    `$ ` (a transcript: commands and their output) fenced as `console`, so
+    that the copy button leaves out the prompts and the output
+    (docs/stylesheets/extra.css); the Markdown files keep their plain fences."""
+    lines = markdown.split("\n")
+    inside = False
+    for i, line in enumerate(lines):
+        fence = FENCE.match(line)
+        if not fence:
+            continue
+        starts_transcript = i + 1 < len(lines) and lines[i + 1].lstrip().startswith("$ ")
+        if not inside and not fence.group(2) and starts_transcript:
+            lines[i] = fence.group(1) + "```console"
+        inside = not inside
+    return "\n".join(lines)
+
+
 def on_page_markdown(markdown, page, config, files):
     path = page.file.src_uri
-    return LINK.sub(
+    markdown = LINK.sub(
         lambda m: m.group(1) + site_link(path, m.group(2)) + (m.group(3) or "") + m.group(4),
         markdown,
     )
+    return as_console(markdown)

@@ -73,3 +73,14 @@ def test_links_between_docs_and_the_repository_markdown_resolve_on_the_site():
     assert link("batch_study/README.md", "../flags.md") == "../flags.md"
     assert link("CONTRIBUTING.md", "docs/versions.md") == "versions.md"
     assert link("optimizers.md", "https://example.org/a.md") == "https://example.org/a.md"
+
+
+def test_a_transcript_shows_as_a_console_session_and_other_blocks_keep_their_fences():
+    page = (
+        "Run:\n\n```\n$ keras-lars-plan --devices=8\nstep  92.8 ms\n```\n\n"
+        "```\npip install -e .\n```\n\n```python\nx = 1\n```\n"
+        "  ```\n  $ keras-lars-train\n  ```\n"
+    )
+    assert _hooks().as_console(page) == page.replace("```\n$ keras", "```console\n$ keras").replace(
+        "  ```\n  $", "  ```console\n  $"
+    )
