@@ -12,6 +12,7 @@ import socket
 import time
 
 import pytest
+import tensorflow as tf
 
 from keras_lars import rendezvous
 from keras_lars.rendezvous import messages
@@ -252,12 +253,23 @@ def test_a_start_without_a_secret_of_its_own_says_so_in_one_line(monkeypatch, wh
     monkeypatch.delenv(rendezvous.SECRET_VARIABLE, raising=False)
     (port,) = free_ports(1)
     tasks, lines = jax_tasks(2, port), []
+    left = f"{where}/{rendezvous.SECRET_PREFIX}{'c' * 16}"  # by a killed chief: no locks there
+    if where:
+        tf.io.gfile.makedirs(where)
+        with tf.io.gfile.GFile(left, "wb") as f:
+            f.write(b"0" * 64)
     chief, outcome = in_thread(
         meet, ("process", 0), tasks, port, secret_dir=where, log=lines.append
     )
     assert meet(("process", 1), tasks, port, secret_dir=where) == 1
     chief.join()
     assert outcome == [1]
+    if where:
+        assert lines.pop(0) == (
+            f"warning: {left} is the secret file of another start (under way, or left by a "
+            "chief that was killed); remove it if no other start uses this directory"
+        )
+        tf.io.gfile.remove(left)
     if where is None:
         assert lines[0] == (
             "warning: this start is not authenticated (no $KERAS_LARS_RUN_SECRET and no "
@@ -271,6 +283,63 @@ def test_a_start_without_a_secret_of_its_own_says_so_in_one_line(monkeypatch, wh
             "$KERAS_LARS_RUN_SECRET (the same on every task) for a secret of the run alone"
         )
     assert [line.split(" from ")[0] for line in lines[1:]] == ["admitted process 1"]
+
+
+def test_a_secret_file_left_by_a_killed_chief_is_removed_by_the_next_start(monkeypatch, tmp_path):
+    """A chief killed with SIGKILL leaves its secret file, unlocked (the kernel
+    releases a dead process's locks); a live start's file is locked and kept."""
+    import fcntl
+    import os
+
+    monkeypatch.delenv(rendezvous.SECRET_VARIABLE, raising=False)
+    stale, live = (tmp_path / f"{rendezvous.SECRET_PREFIX}{c * 16}" for c in "ab")
+    for path in (stale, live):
+        path.write_bytes(b"0" * 64)
+        path.chmod(0o600)
+    other = tmp_path / f"{rendezvous.SECRET_PREFIX}not_an_id"  # not a secret's name
+    other.write_text("kept")
+    held = os.open(live, os.O_RDWR)
+    fcntl.flock(held, fcntl.LOCK_EX)
+    (port,) = free_ports(1)
+    tasks, lines = jax_tasks(2, port), []
+    chief, outcome = in_thread(
+        meet, ("process", 0), tasks, port, secret_dir=str(tmp_path), log=lines.append
+    )
+    try:
+        assert meet(("process", 1), tasks, port, secret_dir=str(tmp_path)) == 1
+        chief.join()
+    finally:
+        os.close(held)
+    assert outcome == [1]
+    assert lines[0] == (
+        f"removed {stale}, the secret file of an earlier start whose chief was killed"
+    )
+    assert [line.split(" from ")[0] for line in lines[1:]] == ["admitted process 1"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == [live.name, other.name]
+
+
+@pytest.mark.parametrize(
+    "value, problem",
+    [
+        (" ", "begins or ends with whitespace"),
+        ("the run's secret\n", "begins or ends with whitespace"),
+        ("short secret", "has 12 characters, fewer than 16"),
+        ("the run's secret \udcff", "is not UTF-8 text"),  # the byte 0xff in the environment
+    ],
+    ids=["space", "newline", "short", "not_utf8"],
+)
+def test_a_secret_variable_that_is_not_one_is_one_line_naming_it(monkeypatch, value, problem):
+    monkeypatch.setenv(rendezvous.SECRET_VARIABLE, value)
+    (port,) = free_ports(1)
+    for me in (("process", 0), ("process", 1)):  # the chief, and a task
+        with pytest.raises(ValueError) as raised:
+            meet(me, jax_tasks(2, port), port, seconds=5)
+        assert str(raised.value) == (
+            f"$KERAS_LARS_RUN_SECRET {problem}: set it to the same UTF-8 text of at least 16 "
+            "characters, without whitespace at its ends, on every task (e.g. the output of "
+            "`openssl rand -hex 32`)"
+        )
+    assert not rendezvous.accepts_connections(f"localhost:{port}")  # refused before listening
 
 
 def test_a_task_without_the_chiefs_kind_of_secret_stops_with_one_line(monkeypatch):

@@ -23,12 +23,16 @@ Each message is one JSON line of at most MAX_LINE bytes; each signed one carries
 so that a hello answers one challenge only (no replay) and no message of one
 connection or direction passes for another. The key (`key` in the challenge):
 
-    "variable"     $KERAS_LARS_RUN_SECRET, where set (the same on every task)
+    "variable"     $KERAS_LARS_RUN_SECRET, where set (the same on every task):
+                   UTF-8 text of at least 16 characters, without whitespace at
+                   its ends (else a ValueError naming it)
     "file:<id>"    else, where the tasks share a directory (the training tool:
                    --model_dir): 32 random bytes the chief writes there for this
                    start, as `.keras_lars_start_<id>`, created at once with
-                   owner-only permissions (0600, O_EXCL) and removed when the
-                   start ends; the others read it. On a bucket (gs://...) there
+                   owner-only permissions (0600, O_EXCL), locked while the start
+                   lasts and removed when it ends (a chief's next start removes,
+                   naming it, one that no chief holds: its chief was killed);
+                   the others read it. On a bucket (gs://...) there
                    are no file permissions: whoever can read the bucket can read
                    it, and the chief says so in one warning line.
     "none"         else: SHA-256 of the run's identity, which proves nothing
@@ -66,6 +70,7 @@ from keras_lars.rendezvous.chief import _gather
 from keras_lars.rendezvous.clock import _Clock
 from keras_lars.rendezvous.key import SECRET_PREFIX
 from keras_lars.rendezvous.key import SECRET_VARIABLE
+from keras_lars.rendezvous.key import _variable_key
 from keras_lars.rendezvous.messages import MAX_LINE
 from keras_lars.rendezvous.messages import PROTOCOL
 from keras_lars.rendezvous.messages import WRONG_PROOF
@@ -109,7 +114,9 @@ def meet(
 ):
     """Returns once every task of `tasks` has met the chief with the same
     `settings`: the number of the other tasks. HandshakeError if the
-    settings differ or the chief's address answers as something else.
+    settings differ or the chief's address answers as something else;
+    ValueError naming $KERAS_LARS_RUN_SECRET where it is set but not UTF-8
+    text of at least 16 characters without whitespace at its ends.
 
     Args:
         me: this task, a key of `tasks`: (job, index).
@@ -139,6 +146,7 @@ def meet(
     chief = next(iter(tasks))
     if len(tasks) == 1:
         return 0
+    _variable_key()  # a $KERAS_LARS_RUN_SECRET that is not one: ValueError, before anything
     hello = _Hello(run, settings or {}, secret_dir)
     clock = _Clock(timeout_seconds, report_every_seconds, log, stop)
     if chief == tuple(me):

@@ -7,12 +7,18 @@ import os
 import re
 import secrets
 
+try:
+    import fcntl
+except ImportError:  # Windows: the chief's file is not locked, and nothing is swept
+    fcntl = None
+
 from keras_lars.rendezvous.messages import HandshakeError
 from keras_lars.rendezvous.messages import _canonical
 
 SECRET_VARIABLE = "KERAS_LARS_RUN_SECRET"
 SECRET_PREFIX = ".keras_lars_start_"  # + the start's id: the secret file's name
 _ID = re.compile(r"[0-9a-f]{16}")
+MIN_SECRET_LENGTH = 16  # characters of $KERAS_LARS_RUN_SECRET
 _KINDS = {
     "variable": f"${SECRET_VARIABLE}",
     "file": "a secret file in the shared directory",
@@ -24,6 +30,73 @@ def _is_url(path):
     return "://" in str(path)
 
 
+def _variable_key():
+    """$KERAS_LARS_RUN_SECRET as the key (its UTF-8 bytes), None where it is
+    unset or empty. ValueError naming the variable (never its value) unless
+    it is UTF-8 text of at least MIN_SECRET_LENGTH characters without
+    whitespace at its ends (a newline or space that one task's copy has and
+    another's lacks would fail as a wrong proof)."""
+    value = os.environ.get(SECRET_VARIABLE)
+    if not value:
+        return None
+    try:
+        key = value.encode("utf-8")  # undecodable bytes of the environment do not encode
+    except UnicodeEncodeError:
+        problem = "is not UTF-8 text"
+    else:
+        if value != value.strip():
+            problem = "begins or ends with whitespace"
+        elif len(value) < MIN_SECRET_LENGTH:
+            problem = f"has {len(value)} characters, fewer than {MIN_SECRET_LENGTH}"
+        else:
+            return key
+    raise ValueError(
+        f"${SECRET_VARIABLE} {problem}: set it to the same UTF-8 text of at least "
+        f"{MIN_SECRET_LENGTH} characters, without whitespace at its ends, on every task "
+        "(e.g. the output of `openssl rand -hex 32`)"
+    )
+
+
+def _remove_stale_secrets(directory, log):
+    """Removes the secret files of earlier starts in the local `directory`
+    that no chief holds any more (one killed with SIGKILL left its own: a
+    chief holds its file locked while its start lasts), naming each in
+    `log`. On a bucket there are no locks: each one found is named only."""
+    if _is_url(directory):
+        from tensorflow.io import gfile
+
+        names = gfile.listdir(directory) if gfile.isdir(directory) else []
+        for name in sorted(n for n in names if _is_secret_name(n)):
+            log(
+                f"warning: {os.path.join(directory, name)} is the secret file of another start "
+                "(under way, or left by a chief that was killed); remove it if no other start "
+                "uses this directory"
+            )
+        return
+    try:
+        names = os.listdir(directory)
+    except OSError:  # not there yet
+        return
+    for name in sorted(n for n in names if _is_secret_name(n)):
+        path = os.path.join(directory, name)
+        try:
+            descriptor = os.open(path, os.O_RDWR | os.O_NOFOLLOW | os.O_NONBLOCK)
+        except OSError:  # another user's, a link, or gone
+            continue
+        try:
+            fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)  # else a live start's
+            os.remove(path)
+        except OSError:
+            continue
+        finally:
+            os.close(descriptor)
+        log(f"removed {path}, the secret file of an earlier start whose chief was killed")
+
+
+def _is_secret_name(name):
+    return name.startswith(SECRET_PREFIX) and bool(_ID.fullmatch(name[len(SECRET_PREFIX) :]))
+
+
 class _Secret:
     """The chief's key for one start: $KERAS_LARS_RUN_SECRET, else a random
     secret written to `directory` (removed at the end), else none (a
@@ -31,12 +104,14 @@ class _Secret:
 
     def __init__(self, directory, run, log, address):
         self.directory, self.run, self.log, self.address = directory, run, log, address
-        self.path, self.created = None, []
+        self.path, self.created, self.descriptor = None, [], None
 
     def __enter__(self):
-        variable = os.environ.get(SECRET_VARIABLE)
+        variable = _variable_key()
+        if self.directory and fcntl:
+            _remove_stale_secrets(str(self.directory), self.log)
         if variable:
-            self.kind, self.key = "variable", variable.encode()
+            self.kind, self.key = "variable", variable
         elif self.directory:
             start = secrets.token_hex(8)
             self.kind, self.key = f"file:{start}", secrets.token_hex(32).encode()
@@ -74,14 +149,15 @@ class _Secret:
             for directory in reversed(missing):
                 os.mkdir(directory)
                 self.created.append(directory)
-            descriptor = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            self.descriptor = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            if fcntl:  # held until the start ends: a later start removes it if not
+                fcntl.flock(self.descriptor, fcntl.LOCK_EX)
+            os.write(self.descriptor, self.key)
         except OSError as error:
             self._remove()
             raise OSError(
                 f"cannot write this start's secret in {self.directory}: {error}"
             ) from None
-        with os.fdopen(descriptor, "wb") as f:
-            f.write(self.key)
 
     def _remove(self):
         if self.path:
@@ -94,6 +170,9 @@ class _Secret:
                     os.remove(self.path)
             except Exception:  # already gone, or the bucket is out of reach
                 pass
+        if self.descriptor is not None:
+            os.close(self.descriptor)
+            self.descriptor = None
         for directory in reversed(self.created):  # the chief made them for the secret alone
             try:
                 os.rmdir(directory)

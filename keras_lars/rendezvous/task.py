@@ -17,6 +17,7 @@ from keras_lars.rendezvous.key import SECRET_PREFIX
 from keras_lars.rendezvous.key import SECRET_VARIABLE
 from keras_lars.rendezvous.key import _open_key
 from keras_lars.rendezvous.key import _read_secret
+from keras_lars.rendezvous.key import _variable_key
 from keras_lars.rendezvous.messages import _ANSWER_FIELDS
 from keras_lars.rendezvous.messages import MAX_LINE
 from keras_lars.rendezvous.messages import PROTOCOL
@@ -148,7 +149,7 @@ class _Meeting:
                 f"this task with {_KINDS[mine]}: set ${SECRET_VARIABLE} on every task or on none"
             )
         if mine == "variable":
-            return os.environ[SECRET_VARIABLE].encode(), nonce
+            return _variable_key(), nonce
         if mine == "none":
             return _open_key(self.hello.run), nonce
         start = kind.split(":", 1)[1]
