@@ -403,7 +403,9 @@ def measure_noise_scale(
 
     Args:
         model: a built Keras model (TensorFlow or JAX backend).
-        x, y: the data set: numpy arrays (or array-likes) indexed by example.
+        x: the data set's inputs, a numpy array (or array-like) indexed by
+            example.
+        y: its targets, indexed as `x`.
         loss: a Keras loss (name, function or instance) that averages over the
             batch (Keras's default "sum_over_batch_size"); the model's own
             regularisation losses are not included.
