@@ -55,6 +55,10 @@ def test_default_run_writes_checkpoints_logs_and_summary(finished_run):
     model_dir, process = finished_run
     final = [line for line in process.stdout.splitlines() if line.startswith("final:")]
     assert len(final) == 1 and "val_accuracy=" in final[0] and "model=resnet18" in final[0]
+    assert process.stdout.splitlines()[0] == (
+        "training resnet18 with lars on digits (8 px), batch 128, 4 steps (2 epochs x 2), "
+        f"model_dir {model_dir}, backend tensorflow"
+    )
     assert "Epoch 2/2" in process.stdout
     with open(os.path.join(model_dir, "summary.json")) as f:
         summary = json.load(f)

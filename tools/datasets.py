@@ -18,7 +18,7 @@ class DataSet:
 
 
 DATASETS = {
-    "digits": DataSet(default_image_size=32),
+    "digits": DataSet(default_image_size=8),  # their own 8x8, not upsampled
     "fashion_mnist": DataSet(default_image_size=28),
     "imagenet": DataSet(required_settings=("data_dir",)),
     "synthetic": DataSet(),

@@ -2,9 +2,9 @@
 
     keras-lars-train           # ResNet-18 on scikit-learn's digits, 15 epochs on the CPU
 
-With no flags it trains ResNet-18 at 32x32 with LARS and the warmup +
+With no flags it trains ResNet-18 with LARS and the warmup +
 polynomial-decay schedule on scikit-learn's handwritten digits (1797 8x8
-images shipped with scikit-learn, upsampled; nothing is downloaded),
+images shipped with scikit-learn, at their own 8x8; nothing is downloaded),
 evaluates on a fixed held-out fifth after every epoch, and writes
 checkpoints, TensorBoard logs and summary.json to runs/digits. Rerunning
 the same command resumes from the last checkpoint (also after a kill) and

@@ -367,7 +367,7 @@ class Config:
     )
     image_size: int = setting(
         0,
-        "Input side in pixels (8 to 4096); 0: the data set's (32 for digits, 28 for "
+        "Input side in pixels (8 to 4096); 0: the data set's (8 for digits, 28 for "
         "fashion_mnist, 224 otherwise).",
         check=between(8, 4096),
     )

@@ -63,10 +63,11 @@ def train_and_evaluate(config):
     runtime = runtime_class(config.backend)(config)
     runtime.start(preemption)
     data = input_pipeline.load(config)
+    length = run_length(config, data.info.num_train)
+    print(start_line(config, length), flush=True)
     runtime.place(lambda: build.variable_shapes(config, data.info.num_classes))
     replicas = runtime.strategy.num_replicas_in_sync
     _check_split(config, runtime.strategy, runtime.flag)
-    length = run_length(config, data.info.num_train)
     for number, phase in enumerate(length.phases, 1):
         if phase.global_batch_size % replicas:
             raise ConfigError(
@@ -81,6 +82,25 @@ def train_and_evaluate(config):
         state = _train_with_rollbacks(run)
     return model_dir.write_summary(
         config, length, state, time.time() - started, runtime.strategy, run.rates
+    )
+
+
+def start_line(config, length):
+    """The run's first line: what it trains on what, with which batch, for
+    how many steps, where it writes and on which backend."""
+    batches = sorted({phase.global_batch_size for phase in length.phases})
+    batch = "/".join(map(str, batches)) if batches else config.global_batch_size
+    size = "--image_size_schedule" if config.image_size_schedule else f"{config.image_size} px"
+    steps = f"{length.total_steps} steps ({length.epochs} epochs"
+    if length.phases:
+        steps += ")"
+    elif length.total_steps == length.epochs * length.steps_per_epoch:
+        steps += f" x {length.steps_per_epoch})"
+    else:
+        steps += f" of {length.steps_per_epoch} steps)"
+    return (
+        f"training {config.model} with {config.optimizer} on {config.dataset} ({size}), "
+        f"batch {batch}, {steps}, model_dir {config.model_dir}, backend {config.backend}"
     )
 
 

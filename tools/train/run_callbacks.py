@@ -211,6 +211,7 @@ class ProgressBar(keras.callbacks.ProgbarLogger):
     def set_params(self, params):
         super().set_params(params)
         self.verbose = 1 if sys.stdout.isatty() else 2
+        self.epochs = self.length.epochs  # the run's, not this fit's (a resume's first)
         self._fit_steps = params.get("steps") or self.length.steps_per_epoch
 
     def on_epoch_begin(self, epoch, logs=None):
