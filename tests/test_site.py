@@ -4,6 +4,7 @@ CI; here without mkdocs), and the check itself catches a missing entry."""
 
 import importlib.util
 import os
+import re
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -84,3 +85,24 @@ def test_a_transcript_shows_as_a_console_session_and_other_blocks_keep_their_fen
     assert _hooks().as_console(page) == page.replace("```\n$ keras", "```console\n$ keras").replace(
         "  ```\n  $", "  ```console\n  $"
     )
+
+
+def _handler_options():
+    """mkdocs.yml's python handler options: {name: value as written} and the
+    filters (read as text: the test environments need not have PyYAML)."""
+    with open(os.path.join(ROOT, "mkdocs.yml")) as f:
+        text = f.read()
+    options = dict(re.findall(r"^ {12}(\w+): (\S+)", text, re.M))
+    filters = re.findall(r'^ {14}- "!(.*)"$', text, re.M)
+    return options, [re.compile(pattern) for pattern in filters]
+
+
+def test_the_api_pages_show_signatures_with_defaults_and_public_members_only():
+    options, hidden = _handler_options()
+    for name in ("show_signature", "separate_signature", "merge_init_into_class"):
+        assert options[name] == "true", name
+    assert options["inherited_members"] == "true"  # trust_ratio_stats is LayerwiseOptimizer's
+    for private in ("_all_reduce_sum_gradients", "__init__", "build", "on_epoch_end"):
+        assert any(pattern.search(private) for pattern in hidden), private
+    for public in ("trust_ratio_stats", "noise_scale_stats", "uses_weight_decay", "parse"):
+        assert not any(pattern.search(public) for pattern in hidden), public
