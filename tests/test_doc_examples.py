@@ -114,8 +114,20 @@ def _optimizers(chains):
     assert isinstance(complete["model"].optimizer, keras_lars.LAMB)
 
 
+def _distributed(chains):
+    import keras_lars
+
+    complete = chains[0]
+    assert isinstance(complete["model"].optimizer, keras_lars.LARS)
+    assert int(complete["model"].optimizer.iterations) == 16  # 2 epochs of 8 steps
+
+
 # What a page's complete examples produce, checked on the namespaces run_python returns.
-CLAIMS = {"README.md": _readme, "docs/optimizers.md": _optimizers}
+CLAIMS = {
+    "README.md": _readme,
+    "docs/optimizers.md": _optimizers,
+    "docs/distributed.md": _distributed,
+}
 
 
 def test_every_block_runs_or_says_why_not():
