@@ -362,6 +362,38 @@ def test_the_runner_falls_back_over_the_points_while_a_seed_misses(tmp_path, mon
     assert float(found["steps_mean"]) == 55.0
 
 
+def test_a_validation_split_is_every_trials_and_recorded(tmp_path, monkeypatch):
+    # 300 training images held out (seed 7): every trial evaluates on them;
+    # the store's rows carry the test accuracy read at the target.
+    def with_test(t):
+        record = simulated()(t)
+        return dict(record, row=dict(record["row"], test_accuracy=0.75))
+
+    monkeypatch.setattr(target_runner, "run_trial", with_test)
+    args = [*SIMULATED, "--batch_sizes=64", "--seeds=1", f"--study_dir={tmp_path}"]
+    held = ["--validation_examples=300", "--validation_seed=7"]
+    rows, trained = batch_study.run_target_study(parse(*args, *held))
+    assert len(rows) == len(trained) == 5 and {r["test_accuracy"] for r in rows} == {0.75}
+    # The trials' configs hold out the split (so their keys differ from the test split's).
+    t = target_search.trial(parse(*args, *held), "lars", 64, 1.0, 0, 0, 512)
+    assert (t.config.validation_examples, t.config.validation_seed) == (300, 7)
+    assert t.key != target_search.trial(parse(*args), "lars", 64, 1.0, 0, 0, 512).key
+    header = read_json(tmp_path / "trials.json")["study"]
+    assert (header["validation_examples"], header["validation_seed"]) == (300, 7)
+    assert header["train_examples"] == 512
+    # Holding out too many leaves no batch: one line naming the flag, the store untouched.
+    before = (tmp_path / "trials.jsonl").read_bytes()
+    with pytest.raises(ConfigError) as raised:
+        batch_study.run_target_study(
+            parse(*args, "--validation_examples=1400", "--train_examples=0")
+        )
+    assert str(raised.value) == (
+        "--validation_examples=1400 leaves 38 training examples, fewer than the batch 64 of "
+        "--batch_sizes=64 (an epoch would have no step)."
+    )
+    assert (tmp_path / "trials.jsonl").read_bytes() == before
+
+
 def test_the_runner_says_where_a_collapsed_trial_stopped(tmp_path, monkeypatch, capsys):
     outcome = simulated(collapsed=lambda t: t.rate_step == 1)
     monkeypatch.setattr(target_runner, "run_trial", outcome)

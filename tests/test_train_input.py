@@ -13,6 +13,7 @@ from PIL import Image
 from keras_lars.tools import input_pipeline
 from keras_lars.tools import make_tfrecords
 from keras_lars.tools import train
+from keras_lars.tools.settings import ConfigError
 from tests import train_data
 from tests.train_tool import example
 from tests.train_tool import jpeg_bytes
@@ -252,6 +253,61 @@ def test_train_and_eval_examples_keep_the_first_of_each_split_of_an_in_memory_se
     )
     with pytest.raises(input_pipeline.DataError, match="^--eval_examples=360: the digits test "):
         input_pipeline.Digits(image_size=8, eval_examples=360)
+    assert not (tmp_path / "run").exists()
+
+
+def test_a_validation_split_is_held_out_of_the_training_images_by_its_seed(tmp_path):
+    whole = input_pipeline.Digits(image_size=8)
+    (train_images, train_labels), (test_images, test_labels) = [
+        [array.numpy() for array in split] for split in whole.arrays
+    ]
+    held = input_pipeline.Digits(image_size=8, validation_examples=300, validation_seed=5)
+    (images, labels), (val_images, val_labels) = [
+        [array.numpy() for array in split] for split in held.arrays
+    ]
+    assert (held.info.num_train, held.info.num_eval, held.test.info.num_eval) == (1138, 300, 359)
+    drawn = np.random.default_rng(5).permutation(1438)[:300]
+    np.testing.assert_array_equal(val_images, train_images[drawn])
+    np.testing.assert_array_equal(val_labels, train_labels[drawn])
+    rest = np.setdiff1d(np.arange(1438), drawn)  # the others, in their order
+    np.testing.assert_array_equal(images, train_images[rest])
+    np.testing.assert_array_equal(labels, train_labels[rest])
+    np.testing.assert_array_equal(held.test.arrays[0].numpy(), test_images)
+    np.testing.assert_array_equal(held.test.arrays[1].numpy(), test_labels)
+    # --train_examples cuts the rest; --eval_examples the test split; another seed, others.
+    cut = input_pipeline.Digits(
+        image_size=8,
+        train_examples=100,
+        eval_examples=30,
+        validation_examples=300,
+        validation_seed=5,
+    )
+    np.testing.assert_array_equal(cut.arrays[0][1].numpy(), train_labels[rest[:100]])
+    np.testing.assert_array_equal(cut.arrays[1][1].numpy(), val_labels)
+    assert cut.test.info.num_eval == 30 and whole.test is None
+    other = input_pipeline.Digits(image_size=8, validation_examples=300, validation_seed=6)
+    assert not np.array_equal(other.arrays[1][0].numpy(), val_images)
+    # Bad input: one line naming the flag, nothing written.
+    config = train.Config(validation_examples=1438, model_dir=str(tmp_path / "run"))
+    with pytest.raises(input_pipeline.DataError) as raised:
+        input_pipeline.load(config)
+    assert str(raised.value) == (
+        "--validation_examples=1438: the digits training split has 1438 examples; hold out "
+        "fewer, leaving at least one batch to train on."
+    )
+    with pytest.raises(ConfigError) as raised:
+        train.Config(dataset="synthetic", validation_examples=10)
+    assert str(raised.value) == (
+        "--validation_examples=10: must be >= 0, and held out of an in-memory data set "
+        "(digits, fashion_mnist)."
+    )
+    config = train.Config(validation_examples=1400, global_batch_size=64)
+    with pytest.raises(ConfigError) as raised:
+        train.run_length(config, 38)
+    assert str(raised.value) == (
+        "--validation_examples=1400 leaves 38 training examples, fewer than "
+        "--global_batch_size=64: an epoch would have no step."
+    )
     assert not (tmp_path / "run").exists()
 
 

@@ -9,7 +9,9 @@ import json
 import pytest
 
 from keras_lars.tools import checkpoints
+from keras_lars.tools import input_pipeline
 from keras_lars.tools import train
+from keras_lars.tools.train import build
 from keras_lars.tools.train import target
 from tests.train_tool import assert_same_weights
 from tests.train_tool import fingerprint
@@ -131,6 +133,31 @@ def test_a_target_not_reached_is_a_result(every_two_steps, tmp_path, capsys):
     }
     assert without_seconds(summary["evaluations"]) == without_seconds(whole["evaluations"])
     assert f"target={target} not reached in {TOTAL_STEPS} steps" in capsys.readouterr().out
+
+
+def test_with_a_validation_split_the_target_is_read_there_and_the_test_at_the_target(tmp_path):
+    # 64 training images held out: every evaluation and the target read them;
+    # the test split (its first 64) is evaluated once, at the target.
+    model_dir = tmp_path / "run"
+    config, summary = run(
+        model_dir, eval_every_steps=2, target_accuracy=0.01, validation_examples=64
+    )
+    found = summary["target"]
+    assert (found["reached"], found["step"], len(summary["evaluations"])) == (True, 2, 1)
+    assert summary["evaluations"][0] == {
+        k: v for k, v in found.items() if k in summary["evaluations"][0]
+    }
+    # The test accuracy is the checkpoint of the stop's on the test split.
+    data = input_pipeline.load(config)
+    assert (data.info.num_eval, data.test.info.num_eval) == (64, 64)
+    model = build.compiled_model(config, data.info.num_classes, 0.0)
+    model.load_weights(checkpoints.stem(str(model_dir / "checkpoints"), 0, 2) + ".weights.h5")
+    expected = model.evaluate(data.test.eval(32), verbose=0, return_dict=True)
+    assert (found["test_accuracy"], found["test_loss"]) == pytest.approx(
+        (expected["accuracy"], expected["loss"]), rel=1e-5
+    )
+    validation = model.evaluate(data.eval(32), verbose=0, return_dict=True)
+    assert found["val_accuracy"] == pytest.approx(validation["accuracy"], rel=1e-5)
 
 
 @pytest.mark.parametrize(

@@ -76,6 +76,9 @@ The parts, each using only those above it:
     cell_store   cells.jsonl: load_store, append_record
     results      aggregate, write_table, plot, write_outputs
     runner       run_cell, run_study
+    target_search, target_results   the steps-to-target mode's grid search and its outputs
+    quasi_search, quasi_results     its quasi-random search (--search=quasi_random)
+    target_runner                   run_target_study: either search, trial by trial
     cli          define_flags, study_from_flags, main, run (keras-lars-study)
 
 Importing the package imports no Keras, TensorFlow or JAX: the names below load
@@ -121,6 +124,8 @@ _SUBMODULES = (
     "cells",
     "cli",
     "precise_bn",
+    "quasi_results",
+    "quasi_search",
     "results",
     "runner",
     "study",

@@ -115,7 +115,13 @@ def resolve_batch_sizes(study, num_train):
     """The study's batch sizes as sorted integers (FULL -> num_train)."""
     listed = ",".join(str(b) for b in study.batch_sizes)
     sizes = [batch_examples(b, num_train) for b in study.batch_sizes]
+    held = study.shared.validation_examples
     for size in sizes:
+        if held and num_train < size <= num_train + held:
+            raise ConfigError(
+                f"--validation_examples={held} leaves {num_train} training examples, fewer "
+                f"than the batch {size} of --batch_sizes={listed} (an epoch would have no step)."
+            )
         if size > num_train:
             raise ConfigError(
                 f"--batch_sizes={listed}: {size} exceeds the {num_train} "

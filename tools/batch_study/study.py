@@ -20,6 +20,7 @@ from keras_lars.tools import settings
 from keras_lars.tools import train
 from keras_lars.tools.settings import ConfigError
 from keras_lars.tools.settings import at_least
+from keras_lars.tools.settings import between
 from keras_lars.tools.settings import setting
 
 DEFAULT_RATES = {"sgd": 0.1, "nesterov": 0.1, "lars": 2.5, "lamb": 0.01}
@@ -29,6 +30,37 @@ STUDY_DEFAULTS = {"train_epochs": 10, "warmup_epochs": 2.0}
 DIGITS_IMAGE_SIZE = 16
 FULL = "full"  # a batch size: the whole training split
 MODES = ("accuracy", "steps_to_target")
+SEARCHES = ("grid", "quasi_random")
+# --search=quasi_random's search space: setting -> (its default range, log scale, bounds' check).
+RANGES = {
+    "rate_range": (("0.1", "10"), True, lambda low, high: low > 0),
+    "one_minus_momentum_range": (("0.01", "0.5"), True, lambda low, high: 0 < low and high <= 1),
+    "warmup_fraction_range": (("0", "0.1"), False, lambda low, high: 0 <= low and high < 1),
+    "budget_range": (("0.5", "2"), True, lambda low, high: low > 0),
+}
+RANGE_BOUNDS = {
+    "rate_range": "> 0",
+    "one_minus_momentum_range": "in (0, 1]",
+    "warmup_fraction_range": "in [0, 1)",
+    "budget_range": "> 0",
+}
+# The settings of one search (--search=grid, or quasi_random), refused with the other.
+GRID_ONLY = (
+    "warmup_fraction",
+    "evaluations_per_epoch",
+    "rate_step",
+    "max_rate_steps",
+    "max_budget_doublings",
+    "untuned_batch_sizes",
+    "noise_scale_batch_size",
+)
+QUASI_ONLY = (
+    "trials",
+    *RANGES,
+    "search_seed",
+    "eval_fraction",
+    "target_examples_floor",
+)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -132,6 +164,42 @@ def batch_examples(batch, num_train):
 
 
 # --- the study's own settings ------------------------------------------------------------
+def search_range(entries):
+    """(low, high) floats of a checked --*_range entry."""
+    low, high = map(float, entries)
+    return low, high
+
+
+def _range_problem(name):
+    """The check of the --search=quasi_random range setting `name`."""
+    bounds = RANGES[name][2]
+
+    def check(entries, config):
+        try:
+            low, high = search_range(entries)
+        except ValueError:
+            return "expected two numbers, low,high"
+        if not (math.isfinite(low) and math.isfinite(high)):
+            return "expected two finite numbers, low,high"
+        if low >= high:
+            return "an empty range: give low < high"
+        if not bounds(low, high):
+            return f"both ends must be {RANGE_BOUNDS[name]}"
+        return None
+
+    return check
+
+
+def _range_setting(name, help):
+    default, log, _ = RANGES[name]
+    scale = "log" if log else "linear"
+    return setting(
+        default,
+        f"steps_to_target --search=quasi_random: {help} (low,high; searched on a {scale} scale).",
+        check=_range_problem(name),
+    )
+
+
 def _batch_sizes_problem(entries, config):
     if not entries:
         return "name at least one batch size"
@@ -152,6 +220,17 @@ def _control_schedule_problem(text, config):
         return "a ramp needs two phases or more, e.g. 0:1024,3:4096"
     if any(b.global_batch_size <= a.global_batch_size for a, b in itertools.pairwise(phases)):
         return "each phase's batch must be larger than the one before (a ramp)"
+    return None
+
+
+def _targets_problem(entries):
+    for entry in entries:
+        try:
+            value = float(entry)
+        except ValueError:
+            return f"{entry!r} is not a number"
+        if not 0 < value <= 1:
+            return f"{entry} is not an accuracy in (0, 1]"
     return None
 
 
@@ -211,6 +290,65 @@ class StudySettings:
         "the schedule's length for the fewest steps to the training tool's "
         "--target_accuracy, then --seeds at the choice (Shallue et al. 2019).",
         choices=MODES,
+    )
+    search: str = setting(
+        "grid",
+        "steps_to_target: the search at each optimizer and batch. grid: the peak rate on a log "
+        "grid around the rule's rate, walked from the batch before's choice, then the budget "
+        "(momentum, warmup and decay shape fixed; the protocol of the committed Fashion-MNIST "
+        "study). quasi_random: --trials points of a scrambled Halton sequence (scipy.stats.qmc; "
+        "the same points at every optimizer and batch) over the peak rate, 1 - momentum (LAMB: "
+        "1 - beta_1), the warmup fraction and the decay length (the budget), --*_range; then "
+        "--seeds fresh seeds at the best trial's settings (Shallue et al. 2019, Nado et al. 2021).",
+        choices=SEARCHES,
+    )
+    trials: int = setting(
+        16,
+        "steps_to_target --search=quasi_random: the search's trials per optimizer and batch, "
+        "the first --trials points of one sequence (so a larger value reuses the stored ones).",
+        check=at_least(2),
+    )
+    rate_range: tuple = _range_setting(
+        "rate_range",
+        "the peak rate, as factors of the optimizer's rule rate at the batch "
+        "(--base_learning_rates scaled by --lr_scaling)",
+    )
+    one_minus_momentum_range: tuple = _range_setting(
+        "one_minus_momentum_range", "1 - momentum (LAMB: 1 - beta_1; the tool's --momentum)"
+    )
+    warmup_fraction_range: tuple = _range_setting(
+        "warmup_fraction_range", "the linear warmup, as a fraction of the trial's budget"
+    )
+    budget_range: tuple = _range_setting(
+        "budget_range",
+        "the decay length, the trial's budget of steps, as factors of T(B) (--budget_epochs, "
+        "--min_budget_steps)",
+    )
+    search_seed: int = setting(
+        0,
+        "steps_to_target --search=quasi_random: the seed of the Halton sequence's scramble.",
+        check=between(0, 2**31 - 1),
+    )
+    eval_fraction: float = setting(
+        0.02,
+        "steps_to_target --search=quasi_random: a trial at batch B evaluates every "
+        "max(1, floor(eval_fraction * --target_examples_floor / B)) steps: at most this "
+        "fraction of its steps to the target wherever it needs at least --target_examples_floor "
+        "examples (steps_to_target.csv's eval_fraction_of_steps says where it did).",
+        check=lambda value, config: None if 0 < value <= 1 else "must be in (0, 1]",
+    )
+    target_examples_floor: int = setting(
+        0,
+        "steps_to_target --search=quasi_random: a lower bound on the training examples any "
+        "trial needs to the target (examples to a target grow with the batch); 0: one epoch.",
+        check=at_least(0),
+    )
+    robustness_targets: tuple = setting(
+        (),
+        "steps_to_target: accuracies below --target_accuracy at which S_min and B_crit are "
+        "fitted too (robustness.csv, beside the goal's), from the search trials' evaluations: "
+        "at each, the first evaluation at which any trial reached it.",
+        check=lambda entries, config: _targets_problem(entries),
     )
     budget_epochs: float = setting(
         10.0,
@@ -339,6 +477,23 @@ class TargetSearch:
     noise_scale_batch_size: object = None  # an int, FULL or None
     noise_scale_micro_batches: int = 8
     untuned_batch_sizes: tuple = ()  # ints and/or FULL
+    search: str = "grid"
+    trials: int = 16  # quasi_random
+    ranges: dict = dataclasses.field(default_factory=dict)  # quasi_random: name -> (low, high)
+    search_seed: int = 0
+    eval_fraction: float = 0.02
+    target_examples_floor: int = 0  # 0: one epoch
+    robustness_targets: tuple = ()  # floats below the goal
+
+    def protocol(self, shared):
+        """What makes a store's trials one study's (check_protocol): the
+        search, its space, and the split the goal is read on."""
+        found = {"search": self.search}
+        if self.search == "quasi_random":
+            found.update({k: list(v) for k, v in self.ranges.items()}, search_seed=self.search_seed)
+        found["validation_examples"] = shared.validation_examples
+        found["validation_seed"] = shared.validation_seed
+        return found
 
 
 def make_study(own, shared, given=()):
@@ -406,7 +561,12 @@ def _target_search(own, shared, given):
         raise ConfigError("--mode=steps_to_target needs --target_accuracy (in (0, 1]).")
     if own.control_schedule:
         raise ConfigError("--control_schedule belongs to --mode=accuracy.")
-    fixed = sorted(set(given) & set(PER_TRIAL))
+    per_trial = PER_TRIAL + (("momentum",) if own.search == "quasi_random" else ())
+    fixed = sorted(set(given) & set(per_trial))
+    if fixed and fixed[0] == "momentum":
+        raise ConfigError(
+            "--momentum: --search=quasi_random searches it per trial (--one_minus_momentum_range)."
+        )
     if fixed:
         raise ConfigError(
             f"--{fixed[0]}: --mode=steps_to_target sets it per trial from the budget "
@@ -431,6 +591,21 @@ def _target_search(own, shared, given):
             f"--untuned_batch_sizes={','.join(own.untuned_batch_sizes)}: {smallest} is the "
             "smallest of --batch_sizes; an untuned batch takes the choice of the batch before."
         )
+    other = QUASI_ONLY if own.search == "grid" else GRID_ONLY
+    defaults = StudySettings.__dataclass_fields__
+    moved = [name for name in other if getattr(own, name) != defaults[name].default]
+    if moved:
+        raise ConfigError(
+            f"--{moved[0]}: belongs to --search="
+            f"{'quasi_random' if own.search == 'grid' else 'grid'}, not --search={own.search}."
+        )
+    goal = shared["target_accuracy"]
+    high = [t for t in own.robustness_targets if float(t) >= goal]
+    if high:
+        raise ConfigError(
+            f"--robustness_targets={','.join(own.robustness_targets)}: {high[0]} is not below "
+            f"--target_accuracy={goal} (trials stop at the goal)."
+        )
     return TargetSearch(
         own.budget_epochs,
         own.min_budget_steps,
@@ -443,4 +618,11 @@ def _target_search(own, shared, given):
         batch_entry(noise) if noise else None,
         own.noise_scale_micro_batches,
         tuple(map(batch_entry, own.untuned_batch_sizes)),
+        own.search,
+        own.trials,
+        {name: search_range(getattr(own, name)) for name in RANGES},
+        own.search_seed,
+        own.eval_fraction,
+        own.target_examples_floor,
+        tuple(sorted(float(t) for t in own.robustness_targets)),
     )

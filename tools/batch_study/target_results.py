@@ -158,12 +158,60 @@ def trial_rows(trials, records):
     """The store's rows of `trials` (those it holds), each with its Trial's
     grid steps k and j: a stored k counts from the centre of the plan that
     ran it, and a trial is found by key (its rate and budget), whatever its
-    grid steps in this plan."""
+    grid steps in this plan (a quasi-random trial's: its point and settings)."""
     return [
-        dict(records[t.key]["row"], rate_step=t.rate_step, budget_step=t.budget_step)
+        dict(
+            records[t.key]["row"],
+            rate_step=t.rate_step,
+            budget_step=t.budget_step,
+            **t.settings_row,
+        )
         for t in trials
         if t.key in records
     ]
+
+
+def study_header(study, config, num_train):
+    """The study's settings that its outputs start with (`config`: a trial's)."""
+    search = study.search
+    found = {
+        "mode": "steps_to_target",
+        "search": search.search,
+        "target_accuracy": config.target_accuracy,
+        "model": config.model,
+        "dataset": config.dataset,
+        "image_size": config.image_size,
+        "train_examples": num_train,
+        # the split of the goal and of every choice: training images held out (fixed by
+        # their seed), or with none held out the test split
+        "validation_examples": config.validation_examples,
+        "validation_seed": config.validation_seed,
+        "optimizers": list(study.optimizers),
+        "rule_rates": {k: {"base": v[0], "lr_scaling": v[1]} for k, v in study.rates.items()},
+        "budget_epochs": search.budget_epochs,
+        "min_budget_steps": search.min_budget_steps,
+    }
+    if search.search == "grid":
+        found.update(
+            warmup_fraction=search.warmup_fraction,
+            evaluations_per_epoch=search.evaluations_per_epoch,
+            rate_step=search.rate_step,
+            max_rate_steps=search.max_rate_steps,
+            max_budget_doublings=search.max_budget_doublings,
+            untuned_batch_sizes=sorted(untuned_batches(study, num_train)),
+            momentum=config.momentum,
+        )
+    else:
+        found.update(
+            trials=search.trials,
+            ranges={k: list(v) for k, v in search.ranges.items()},
+            search_seed=search.search_seed,
+            eval_fraction=search.eval_fraction,
+            target_examples_floor=search.target_examples_floor or num_train,
+            robustness_targets=list(search.robustness_targets),
+        )
+    found.update(weight_decay=config.weight_decay, end_learning_rate=config.end_learning_rate)
+    return {"study": found}
 
 
 def write_target_outputs(study, trials, records, num_train):
@@ -174,30 +222,7 @@ def write_target_outputs(study, trials, records, num_train):
         return
     untuned = untuned_batches(study, num_train)
     config = trials[0].config
-    search = study.search
-    header = {
-        "study": {
-            "mode": "steps_to_target",
-            "target_accuracy": config.target_accuracy,
-            "model": config.model,
-            "dataset": config.dataset,
-            "image_size": config.image_size,
-            "train_examples": num_train,
-            "optimizers": list(study.optimizers),
-            "rule_rates": {k: {"base": v[0], "lr_scaling": v[1]} for k, v in study.rates.items()},
-            "budget_epochs": search.budget_epochs,
-            "min_budget_steps": search.min_budget_steps,
-            "warmup_fraction": search.warmup_fraction,
-            "evaluations_per_epoch": search.evaluations_per_epoch,
-            "rate_step": search.rate_step,
-            "max_rate_steps": search.max_rate_steps,
-            "max_budget_doublings": search.max_budget_doublings,
-            "untuned_batch_sizes": sorted(untuned),
-            "momentum": config.momentum,
-            "weight_decay": config.weight_decay,
-            "end_learning_rate": config.end_learning_rate,
-        }
-    }
+    header = study_header(study, config, num_train)
     directory = study.study_dir
     write_table(os.path.join(directory, "trials"), TRIAL_FIELDS, rows, header)
     summary = table(rows, untuned)
@@ -209,9 +234,10 @@ def write_target_outputs(study, trials, records, num_train):
     noise = noise_scales(rows)
     with storage.atomic_file(os.path.join(directory, "fit.json")) as f:
         json.dump(dict(header, fits=fits, noise_scales=noise), f, indent=1)
+    split = "validation" if config.validation_examples else "test"
     title = (
         f"{config.model} on {config.dataset} ({num_train} training images): steps to "
-        f"test accuracy {config.target_accuracy}, rate tuned per batch"
+        f"{split} accuracy {config.target_accuracy}, rate tuned per batch"
         + (f" but {', '.join(map(str, sorted(untuned)))}" if untuned else "")
     )
     plot(summary, fits, noise, os.path.join(directory, "steps_to_target.png"), title)

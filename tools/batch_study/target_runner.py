@@ -9,6 +9,7 @@ import contextlib
 import dataclasses
 import functools
 import gc
+import json
 import math
 import os
 import shutil
@@ -17,10 +18,14 @@ import time
 import keras
 
 from keras_lars.tools import input_pipeline
+from keras_lars.tools import storage
 from keras_lars.tools import train
 from keras_lars.tools.batch_study.cell_store import append_record
 from keras_lars.tools.batch_study.cell_store import load_store
 from keras_lars.tools.batch_study.cells import resolve_batch_sizes
+from keras_lars.tools.batch_study.quasi_results import write_quasi_outputs
+from keras_lars.tools.batch_study.quasi_search import best_trial
+from keras_lars.tools.batch_study.quasi_search import quasi_trial
 from keras_lars.tools.batch_study.runner import train_logged
 from keras_lars.tools.batch_study.target_results import GRID_FIELDS
 from keras_lars.tools.batch_study.target_results import TRIAL_FIELDS
@@ -38,6 +43,7 @@ from keras_lars.tools.batch_study.target_search import seeded_point
 from keras_lars.tools.batch_study.target_search import trial
 from keras_lars.tools.batch_study.target_search import untuned_batches
 from keras_lars.tools.model_dir_names import CHECKPOINTS
+from keras_lars.tools.settings import ConfigError
 from keras_lars.tools.train.loop import Diverged
 
 TRIALS_FILE = "trials.jsonl"
@@ -80,6 +86,7 @@ def trial_row(t, summary, wall):
         "key": t.key,
         **noise,
         **stopped,
+        **{k: found[k] for k in ("test_accuracy",) if k in found},  # --validation_examples
     }
 
 
@@ -213,6 +220,70 @@ def walk(study, batches, num_train, row_of, warn):
                 row_of(noise)
 
 
+def quasi_walk(study, batches, num_train, row_of, warn):
+    """Walks a --search=quasi_random study's plan (quasi_search.py) as
+    `walk` walks the grid's: batch by batch, each optimizer's --trials
+    search trials, then at the batches of --seed_batch_sizes the seeds 1 ..
+    --seeds at its best trial when that reached the goal. An optimizer whose
+    search meets NotStored stops there; the seeds of a batch that meet it stop
+    too."""
+    stopped, best = set(), {}  # best: optimizer -> its best trial at this batch
+    seeded = set(seed_batches(study, batches, num_train))
+    for batch in batches:
+        for optimizer in study.optimizers:
+            if optimizer in stopped:
+                continue
+            try:
+                rows = {
+                    i: row_of(quasi_trial(study, optimizer, batch, i, 0, num_train))
+                    for i in range(study.search.trials)
+                }
+            except NotStored:
+                stopped.add(optimizer)
+                continue
+            best[optimizer] = best_trial(rows)
+            if not rows[best[optimizer]]["reached"]:
+                del best[optimizer]  # no settings known to reach the goal: no seeds
+        for optimizer in study.optimizers if batch in seeded else ():
+            if optimizer in stopped or optimizer not in best:
+                continue
+            with contextlib.suppress(NotStored):
+                for seed in range(1, study.seeds + 1):
+                    row_of(quasi_trial(study, optimizer, batch, best[optimizer], seed, num_train))
+
+
+PROTOCOL_FILE = "protocol.json"
+
+
+def check_protocol(study, path):
+    """ConfigError naming the first setting in which the protocol of the
+    store at `path` differs from the study's (Study.search.protocol; a
+    store without PROTOCOL_FILE beside it is the grid's on the test split,
+    the protocol before it existed). The store is left as it is."""
+    wanted = study.search.protocol(study.shared)
+    recorded = os.path.join(os.path.dirname(path), PROTOCOL_FILE)
+    if os.path.exists(recorded):
+        with open(recorded) as f:
+            found = json.load(f)
+    elif os.path.exists(path) and os.path.getsize(path):
+        found = {"search": "grid", "validation_examples": 0, "validation_seed": 0}
+    else:
+        with storage.atomic_file(recorded) as f:
+            json.dump(wanted, f, indent=1)
+        return
+    for name, value in wanted.items():
+        if found.get(name) != value:
+
+            def shown(v):
+                return ",".join(map(str, v)) if isinstance(v, list) else v
+
+            stored = shown(found[name]) if name in found else "not set"
+            raise ConfigError(
+                f"--{name}={shown(value)}: the store {path} was made under another protocol "
+                f"(--{name}={stored}); give another --study_dir (the store is left as it is)."
+            )
+
+
 def run_target_study(study):
     """Runs the trials of the steps-to-target `study` that the store lacks;
     returns (rows of the study's trials, keys of those trained by this
@@ -229,7 +300,11 @@ def _run(study, preemption):
     batches = resolve_batch_sizes(study, num_train)
     os.makedirs(study.study_dir, exist_ok=True)
     path = os.path.join(study.study_dir, TRIALS_FILE)
+    check_protocol(study, path)
     records = load_store(path, [f for f in TRIAL_FIELDS if f not in GRID_FIELDS])
+    quasi = study.search.search == "quasi_random"
+    walk_plan = quasi_walk if quasi else walk
+    write_outputs = write_quasi_outputs if quasi else write_target_outputs
     stored = []  # the trials of this plan the store holds, up to the first it lacks
 
     def stored_row(t):
@@ -239,7 +314,7 @@ def _run(study, preemption):
         (row,) = trial_rows([t], records)
         return row
 
-    walk(study, batches, num_train, stored_row, warn=lambda line: None)
+    walk_plan(study, batches, num_train, stored_row, warn=lambda line: None)
     seen, trained = [], []
 
     def row_of(t):
@@ -273,12 +348,12 @@ def _run(study, preemption):
         if trained and trained[-1] == t.key:  # with what the store held, for whole tables
             keys = {s.key for s in stored}
             so_far = stored + [s for s in seen if s.key not in keys]
-            write_target_outputs(study, so_far, records, num_train)
+            write_outputs(study, so_far, records, num_train)
         (row,) = trial_rows([t], records)
         return row
 
-    walk(study, batches, num_train, row_of, warn=lambda line: print(line, flush=True))
-    write_target_outputs(study, seen, records, num_train)
+    walk_plan(study, batches, num_train, row_of, warn=lambda line: print(line, flush=True))
+    write_outputs(study, seen, records, num_train)
     print(
         f"study: {len(trained)} trial(s) trained, {len(seen) - len(trained)} found done; "
         f"tables and plot in {study.study_dir}",

@@ -73,9 +73,19 @@ class Trial:
     config: train.Config
     key: str
     budget_step: int = 0  # j of the budget T(B) * 2^j
+    # --search=quasi_random: the trial's searched settings, (name, value) pairs (then
+    # rate_step is its point i)
+    searched: tuple = ()
+
+    @property
+    def quasi(self):
+        return bool(self.searched)
 
     @property
     def name(self):
+        if self.quasi:
+            point = f"q{self.rate_step}-s{self.seed}"
+            return f"{self.optimizer}-b{self.batch_size}-{point}-{self.key[:10]}"
         noise = "-noise" if self.config.noise_scale else ""
         budget = f"-t{self.budget_step}" if self.budget_step else ""
         return (
@@ -84,8 +94,19 @@ class Trial:
         )
 
     @property
+    def settings_row(self):
+        """The trial's searched settings beside its rate, for its row (quasi_random)."""
+        return {"trial": self.rate_step, **dict(self.searched)} if self.quasi else {}
+
+    @property
     def label(self):
         rate = self.config.peak_learning_rate
+        if self.quasi:
+            c = self.config
+            return (
+                f"{self.optimizer} batch={self.batch_size} trial={self.rate_step} rate={rate:.4g} "
+                f"momentum={c.momentum:.4g} budget={c.train_steps} seed={self.seed}"
+            )
         noise = f" noise scale in {self.config.gradient_accumulation_steps} micro-batches"
         budget = f" budget={self.config.train_steps}" if self.budget_step else ""
         return (
@@ -111,6 +132,26 @@ def trial(
     budget = budget_steps(search, batch_size, num_train, budget_step)
     epoch = num_train // batch_size  # steps in an epoch (the tool drops the rest)
     rate = centre * search.rate_step**rate_step
+    config = trial_config(
+        study,
+        optimizer,
+        batch_size,
+        rate,
+        seed,
+        budget,
+        warmup_epochs=search.warmup_fraction * budget / epoch,  # the tool rounds to a step
+        eval_every_steps=max(1, epoch // search.evaluations_per_epoch),
+    )
+    if micro_batches:
+        config = dataclasses.replace(
+            config, gradient_accumulation_steps=micro_batches, noise_scale=True
+        )
+    return stopping_trial(study, optimizer, batch_size, rate_step, seed, config, budget_step)
+
+
+def trial_config(study, optimizer, batch_size, rate, seed, budget, **settings):
+    """The training Config of a trial: the shared settings, the trial's
+    CellSettings and `settings` (its warmup, evaluations, ...)."""
     cell = CellSettings(
         optimizer,
         batch_size,
@@ -121,16 +162,13 @@ def trial(
         train_steps=budget,
         gradient_accumulation_steps=study.micro_batches(batch_size),
     )
-    config = dataclasses.replace(
-        study.shared,
-        **dataclasses.asdict(cell),
-        warmup_epochs=search.warmup_fraction * budget / epoch,  # the tool rounds to a step
-        eval_every_steps=max(1, epoch // search.evaluations_per_epoch),
-    )
-    if micro_batches:
-        config = dataclasses.replace(
-            config, gradient_accumulation_steps=micro_batches, noise_scale=True
-        )
+    return dataclasses.replace(study.shared, **dataclasses.asdict(cell), **settings)
+
+
+def stopping_trial(
+    study, optimizer, batch_size, rate_step, seed, config, budget_step=0, searched=()
+):
+    """The Trial of `config`, keyed by it, that stops once its outcome is decided."""
     key = cell_key(config)
     # A trial stops at its first non-finite loss, or once it collapsed to
     # chance (COLLAPSE_PATIENCE): its weights can no longer reach the target,
@@ -142,7 +180,7 @@ def trial(
         stop_on_divergence=True,
         collapse_patience=COLLAPSE_PATIENCE,
     )
-    return Trial(optimizer, batch_size, rate_step, seed, config, key, budget_step)
+    return Trial(optimizer, batch_size, rate_step, seed, config, key, budget_step, searched)
 
 
 def budget_warning(optimizer, batch_size, budget, fewest):

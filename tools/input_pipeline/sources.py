@@ -6,9 +6,9 @@ import inspect
 import math
 import typing
 
-import tensorflow as tf
+import numpy as np
 
-from keras_lars.tools.input_pipeline import tfrecord_files
+from keras_lars.tools.input_pipeline import host
 from keras_lars.tools.input_pipeline.arrays import DIGITS_CLASSES
 from keras_lars.tools.input_pipeline.arrays import arrays_train
 from keras_lars.tools.input_pipeline.arrays import grey_to_rgb
@@ -17,9 +17,14 @@ from keras_lars.tools.input_pipeline.arrays import synthetic
 from keras_lars.tools.input_pipeline.errors import DataError
 from keras_lars.tools.input_pipeline.idx import FASHION_MNIST_CLASSES
 from keras_lars.tools.input_pipeline.idx import load_fashion_mnist
-from keras_lars.tools.input_pipeline.imagenet import imagenet_eval_examples
-from keras_lars.tools.input_pipeline.imagenet import imagenet_train
-from keras_lars.tools.input_pipeline.tfrecord_checks import validate_files
+from keras_lars.tools.tensorflow_or_none import INSTALL
+from keras_lars.tools.tensorflow_or_none import tf
+
+if tf is not None:  # the records and the synthetic images are tf.data pipelines
+    from keras_lars.tools.input_pipeline import tfrecord_files
+    from keras_lars.tools.input_pipeline.imagenet import imagenet_eval_examples
+    from keras_lars.tools.input_pipeline.imagenet import imagenet_train
+    from keras_lars.tools.input_pipeline.tfrecord_checks import validate_files
 
 
 @dataclasses.dataclass(frozen=True)
@@ -58,6 +63,8 @@ class DataSource(typing.Protocol):
     without the epoch's first `skip_batches` batches (a resume within it);
     `eval(...)` yields `eval_steps(...)` full batches of (images, labels,
     weights) covering the evaluation split once, padding with weight 0.
+    `test`: None, or when the evaluation split is held out of the training
+    images (--validation_examples), a source whose `eval` is the test split.
     """
 
     info: DatasetInfo
@@ -72,6 +79,8 @@ class DataSource(typing.Protocol):
 class _Source:
     """What every source shares: the padded evaluation batches."""
 
+    test = None  # the test split's source when the evaluation split is held out
+
     def eval_share(self, num_pipelines):
         """The most evaluation examples one input pipeline holds."""
         return math.ceil(self.info.num_eval / num_pipelines)
@@ -84,9 +93,14 @@ class _Source:
         batch = _per_replica(global_batch_size, input_context)
         pipelines = input_context.num_input_pipelines if input_context else 1
         pipeline_id = input_context.input_pipeline_id if input_context else 0
-        examples = self.eval_examples(batch, pipeline_id, pipelines, input_context)
         local_replicas = global_batch_size // pipelines // batch
         steps = self.eval_steps(global_batch_size, pipelines)
+        if tf is None:  # in memory as numpy (host.py)
+            _, (images, labels) = self.arrays
+            share = images[pipeline_id::pipelines], labels[pipeline_id::pipelines]
+            count = steps * local_replicas
+            return host.padded_batches(*share, batch, count, self.image_size, self.preprocess)
+        examples = self.eval_examples(batch, pipeline_id, pipelines, input_context)
         return padded_batches(examples, batch, steps * local_replicas, self.image_size)
 
 
@@ -94,27 +108,44 @@ class _InMemory(_Source):
     """A data set held in memory: `arrays` = ((train images, labels), (eval
     images, labels)) host variables, read in the order of `epoch_permutation`;
     `preprocess` (if any) converts a batch of images as it is read;
-    `train_examples`, `eval_examples` (0: all) keep the first N of a split."""
+    `train_examples`, `eval_examples` (0: all) keep the first N of a split.
+    With `validation_examples` V, V training images drawn by
+    `validation_seed` (`hold_out`) are the evaluation split, before
+    `train_examples` cuts the rest, and `test` evaluates the test split."""
 
     preprocess = None
 
     def __init__(
-        self, name, arrays, image_size, seed, num_classes, train_examples=0, eval_examples=0
+        self,
+        name,
+        arrays,
+        image_size,
+        seed,
+        num_classes,
+        train_examples=0,
+        eval_examples=0,
+        validation_examples=0,
+        validation_seed=0,
     ):
         self.image_size, self.seed = image_size, seed
-        train, evaluation = arrays
+        train, test = arrays
+        test = _first(test, eval_examples, "--eval_examples", f"the {name} test split")
+        train, validation = hold_out(train, validation_examples, validation_seed, name)
         train = _first(train, train_examples, "--train_examples", f"the {name} training split")
-        evaluation = _first(evaluation, eval_examples, "--eval_examples", f"the {name} test split")
+        evaluation = validation if validation_examples else test
         # Variables on the host, not constants: each epoch's training pipeline
         # captures the arrays, and a captured constant is copied into every
         # epoch's dataset graph (the training stream concatenates one dataset an
         # epoch: 47 MB an epoch of Fashion-MNIST, 19 GB for 400 epochs), while a
-        # captured variable is a reference.
-        with tf.device("/cpu:0"):
-            self.arrays = tf.nest.map_structure(
-                lambda array: tf.Variable(array, trainable=False), (train, evaluation)
-            )
+        # captured variable is a reference. Without TensorFlow: numpy (host.py).
+        self.arrays = (train, evaluation)
+        if tf is not None:
+            with tf.device("/cpu:0"):
+                self.arrays = tf.nest.map_structure(
+                    lambda array: tf.Variable(array, trainable=False), self.arrays
+                )
         self.info = DatasetInfo(name, len(train[1]), len(evaluation[1]), num_classes)
+        self.test = _Test(self, test) if validation_examples else None
 
     def train(self, epoch, global_batch_size, input_context=None, skip_batches=0):
         (images, labels), _ = self.arrays
@@ -131,12 +162,48 @@ class _InMemory(_Source):
 
     def eval_examples(self, batch, pipeline_id, pipelines, input_context):
         _, (images, labels) = self.arrays
-        examples = tf.data.Dataset.from_tensor_slices(
-            (images[pipeline_id::pipelines], labels[pipeline_id::pipelines])
+        return _examples(images, labels, pipeline_id, pipelines, self.preprocess)
+
+
+def _examples(images, labels, pipeline_id, pipelines, preprocess):
+    """Pipeline `pipeline_id` of `pipelines`' share of in-memory examples."""
+    examples = tf.data.Dataset.from_tensor_slices(
+        (images[pipeline_id::pipelines], labels[pipeline_id::pipelines])
+    )
+    if preprocess is None:
+        return examples
+    return examples.map(lambda image, label: (preprocess(image), label))
+
+
+class _Test(_Source):
+    """The test split of an _InMemory source whose evaluation split is held
+    out of its training images (--validation_examples): evaluated like it."""
+
+    def __init__(self, source, test):
+        self.image_size, self.preprocess = source.image_size, source.preprocess
+        with tf.device("/cpu:0"):
+            self.arrays = tuple(tf.Variable(array, trainable=False) for array in test)
+        self.info = dataclasses.replace(source.info, num_eval=len(test[1]))
+
+    def eval_examples(self, batch, pipeline_id, pipelines, input_context):
+        images, labels = self.arrays
+        return _examples(images, labels, pipeline_id, pipelines, self.preprocess)
+
+
+def hold_out(train, count, seed, name):
+    """(the rest, the held-out) of the training split `train` = (images,
+    labels): `count` examples drawn by a numpy permutation seeded by `seed`,
+    the rest in their order (so --train_examples keeps its first N). A
+    DataError names --validation_examples unless it leaves one example."""
+    available = len(train[1])
+    if count >= available:
+        raise DataError(
+            f"--validation_examples={count}: the {name} training split has {available} "
+            "examples; hold out fewer, leaving at least one batch to train on."
         )
-        if self.preprocess is None:
-            return examples
-        return examples.map(lambda image, label: (self.preprocess(image), label))
+    held = np.random.default_rng(seed).permutation(available)[:count]
+    rest = np.setdiff1d(np.arange(available), held)  # sorted
+    return tuple(array[rest] for array in train), tuple(array[held] for array in train)
 
 
 def _first(split, count, flag, what):
@@ -152,10 +219,29 @@ class Digits(_InMemory):
     """scikit-learn's 1797 handwritten digits in memory (`load_digits`),
     read in the order of `epoch_permutation`; nothing is downloaded."""
 
-    def __init__(self, image_size=32, seed=0, num_classes=0, train_examples=0, eval_examples=0):
+    def __init__(
+        self,
+        image_size=32,
+        seed=0,
+        num_classes=0,
+        train_examples=0,
+        eval_examples=0,
+        validation_examples=0,
+        validation_seed=0,
+    ):
         arrays = load_digits(image_size)
         classes = num_classes or DIGITS_CLASSES
-        super().__init__("digits", arrays, image_size, seed, classes, train_examples, eval_examples)
+        super().__init__(
+            "digits",
+            arrays,
+            image_size,
+            seed,
+            classes,
+            train_examples,
+            eval_examples,
+            validation_examples,
+            validation_seed,
+        )
 
 
 class FashionMNIST(_InMemory):
@@ -166,12 +252,28 @@ class FashionMNIST(_InMemory):
     made RGB, resized and normalised as it is read (`grey_to_rgb`)."""
 
     def __init__(
-        self, data_dir=None, image_size=28, seed=0, num_classes=0, train_examples=0, eval_examples=0
+        self,
+        data_dir=None,
+        image_size=28,
+        seed=0,
+        num_classes=0,
+        train_examples=0,
+        eval_examples=0,
+        validation_examples=0,
+        validation_seed=0,
     ):
         arrays = load_fashion_mnist(data_dir)
         classes = num_classes or FASHION_MNIST_CLASSES
         super().__init__(
-            "fashion_mnist", arrays, image_size, seed, classes, train_examples, eval_examples
+            "fashion_mnist",
+            arrays,
+            image_size,
+            seed,
+            classes,
+            train_examples,
+            eval_examples,
+            validation_examples,
+            validation_seed,
         )
 
     def preprocess(self, images):
@@ -288,6 +390,11 @@ def load(config):
     """The DataSource of `config.dataset`, built from the config's settings
     that its constructor names."""
     source = SOURCES[config.dataset]
+    if tf is None and not issubclass(source, _InMemory):
+        raise DataError(
+            f"--dataset={config.dataset} is read through TensorFlow (tf.data), which is not "
+            f"installed: {INSTALL}; digits and fashion_mnist train without it."
+        )
     names = inspect.signature(source).parameters
     return source(**{name: getattr(config, name) for name in names})
 

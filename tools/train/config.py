@@ -384,6 +384,24 @@ class Config:
         "Evaluation examples; 0: the data set's (digits, fashion_mnist: its first N).",
         check=at_least(0),
     )
+    validation_examples: int = setting(
+        0,
+        "digits, fashion_mnist: hold out this many training images, drawn by "
+        "--validation_seed, as the evaluation split (--train_examples then cuts the rest): "
+        "every evaluation, --target_accuracy and --collapse_patience read them, and the test "
+        "split (--eval_examples) is evaluated once, where the target is reached "
+        "(summary.json's target: test_accuracy). 0: evaluate on the test split.",
+        check=_needs(
+            lambda value, c: value >= 0 and (not value or c.dataset in ("digits", "fashion_mnist")),
+            "must be >= 0, and held out of an in-memory data set (digits, fashion_mnist)",
+        ),
+    )
+    validation_seed: int = setting(
+        0,
+        "The seed of --validation_examples' draw: fixed, not --seed, so every run holds out "
+        "the same images.",
+        check=between(0, 2**31 - 1),
+    )
     sync_batch_norm: bool = setting(
         False,
         "Batch-norm statistics over all replicas.",

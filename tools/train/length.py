@@ -66,10 +66,15 @@ def run_length(config, num_train):
     if config.batch_phases is not None:
         return _phased_length(config, num_train)
     if config.global_batch_size > num_train:
-        raise ConfigError(
-            f"--global_batch_size={config.global_batch_size} exceeds the "
-            f"{num_train} training examples: an epoch would have no step."
+        held = config.validation_examples  # the culprit when the batch fits without it
+        culprit = (
+            f"--validation_examples={held} leaves {num_train} training examples, fewer than "
+            f"--global_batch_size={config.global_batch_size}"
+            if held and config.global_batch_size <= num_train + held
+            else f"--global_batch_size={config.global_batch_size} exceeds the "
+            f"{num_train} training examples"
         )
+        raise ConfigError(f"{culprit}: an epoch would have no step.")
     per_epoch = keras_lars.steps_per_epoch(num_train, config.global_batch_size)
     total = config.train_steps or config.train_epochs * per_epoch
     warmup = keras_lars.epochs_to_steps(config.warmup_epochs, num_train, config.global_batch_size)

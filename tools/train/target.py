@@ -11,6 +11,9 @@ that every replica and worker computes the same number). An evaluation is
 
 (with --noise_scale also the smoothed noise scale at that step: noise_scale,
 noise_scale_gradient_sq, noise_scale_trace)
+(and at the target, when the evaluation split is held out of the training
+images by --validation_examples, the test split's test_accuracy and
+test_loss: the test set is read there only)
 with `examples` the training examples consumed by `step` (RunLength) and
 `seconds` the training time to it: the epochs of the history, plus the
 current epoch's time so far (evaluations included; an epoch cut by a
@@ -28,6 +31,8 @@ trains no further.
 import time
 
 import keras
+
+from keras_lars.tools.train import feed
 
 CHANCE = 1.5  # accuracy at most CHANCE / classes: at chance
 LEARNT = 2.0  # above LEARNT * CHANCE / classes: above chance
@@ -88,6 +93,21 @@ class Evaluations(keras.callbacks.Callback):
         if logs and "val_accuracy" in logs:
             self._record(self.counter.step, logs)
 
+    def _test(self):
+        """{"test_accuracy", "test_loss"} of the model now on the test split
+        when the evaluation split is held out of the training images
+        (--validation_examples), else {}: the test is read once, at the target."""
+        test = self.run.data.test
+        if test is None:
+            return {}
+        dataset, steps = feed.evaluation(
+            test, self.run.config.micro_batch_size, self.run.runtime.strategy
+        )
+        found = self.model.evaluate(dataset, steps=steps[0], verbose=0, return_dict=True)
+        return {
+            f"test_{k}": float(keras.ops.convert_to_numpy(found[k])) for k in ("accuracy", "loss")
+        }
+
     def _record(self, step, logs):
         self._evaluated_at = step
         done_epochs = sum(record.get("seconds", 0.0) for record in self.state["history"])
@@ -105,6 +125,7 @@ class Evaluations(keras.callbacks.Callback):
         if not target or decided(self.state):
             return
         if entry["val_accuracy"] >= target:
+            entry.update(self._test())
             self.state["target"] = entry
             print(
                 f"target: val_accuracy={entry['val_accuracy']:.4f} >= {target} at step {step} "
