@@ -246,19 +246,32 @@ def test_the_planning_page_states_the_computed_counts():
 
 
 def test_leave_one_out_predicts_each_record_from_the_others_only():
-    goyal = plan.record("goyal2017")
-    twice = dataclasses.replace(goyal, key="twice", published_seconds=2 * 3600)
-    four = dataclasses.replace(goyal, key="four", published_seconds=4 * 3600)
-    results = {r.record.key: r for r in plan.leave_one_out((goyal, twice, four))}
-    u = results["goyal2017"].fitted
+    goyal = plan.record("goyal2017")  # the calibration: not scored, so neither fits nor counts
+    one = dataclasses.replace(goyal, key="one", scored=True)
+    twice = dataclasses.replace(goyal, key="twice", published_seconds=2 * 3600, scored=True)
+    four = dataclasses.replace(goyal, key="four", published_seconds=4 * 3600, scored=True)
+    results = {r.record.key: r for r in plan.leave_one_out((goyal, one, twice, four))}
+    assert list(results) == ["one", "twice", "four"]
+    u = plan.fit_utilization(one)
     # the all-reduce stays hidden, so time ~ 1/u: the fit u are u, u/2, u/4; each left out is
     # predicted at the geometric median of the other two
-    assert results["twice"].fitted == pytest.approx(u / 2, rel=1e-6)
-    assert results["goyal2017"].utilization == pytest.approx(u / 8**0.5, rel=1e-6)
-    assert results["goyal2017"].error == pytest.approx(8**0.5 - 1, abs=1e-5)  # 2.83 h for 1 h
+    assert results["one"].utilization == pytest.approx(u / 8**0.5, rel=1e-6)
+    assert results["one"].error == pytest.approx(8**0.5 - 1, abs=1e-5)  # 2.83 h for 1 h
     assert results["twice"].error == pytest.approx(0.0, abs=1e-5)  # at u/2: 2 h for 2 h
     assert results["four"].error == pytest.approx(2**0.5 / 4 - 1, abs=1e-5)  # 1.41 h for 4 h
     assert [r.within for r in results.values()] == [False, True, False]
+
+
+def test_leave_one_out_judges_each_scored_record_over_its_range_as_the_table_does():
+    results = plan.leave_one_out()
+    assert [r.record.key for r in results] == [rec.key for rec in plan.RECORDS if rec.scored]
+    for r in results:
+        assert r.ranged.low <= r.error <= r.ranged.high
+        assert r.within == (-0.3 <= r.ranged.low and r.ranged.high <= 0.3), r.record.key
+    # jia2018 is inside at its nominal inputs but its range is judged: here -13% .. +16%
+    jia = next(r for r in results if r.record.key == "jia2018")
+    assert (round(jia.ranged.low, 2), round(jia.ranged.high, 2)) == (-0.13, 0.16) and jia.within
+    assert sum(r.within for r in results) == 10
 
 
 def test_sources_cite_papers_not_a_file_outside_the_project():

@@ -13,6 +13,7 @@ import sys
 import pytest
 
 from keras_lars.tools.plan import cli
+from keras_lars.tools.plan import measured_step
 from keras_lars.tools.plan import report
 from keras_lars.tools.plan import target_curve
 from keras_lars.tools.plan import time_to_accuracy as tta
@@ -131,17 +132,17 @@ def test_a_study_table_gives_the_rates_it_tuned_at_the_fitted_batches(tmp_path):
     assert curve.tuned == ((32, 0.0035, 135), (128, 0.007, 34), (512, 0.0141, 20))
     assert curve.untuned == ((1024, 30.0, 0.0141, 20), (1437, None, 0.0141, 20))
     assert curve.tuned_at(1024) is None
+    assert curve.measured_steps == {1024: 30.0}  # the tuned rows here carry no steps_mean
     bad = write_study(tmp_path / "bad", table=[{"optimizer": "lamb", "batch_size": 32}])
     with pytest.raises(ConfigError) as raised:
         target_curve.study_curve(bad, "lamb")
     assert str(raised.value) == (
-        f"--target_study={bad}: {bad}/steps_to_target.json: its rows are not a steps-to-target "
-        "table (optimizer, batch_size, chosen_rate, budget_steps, steps_mean, tuned)."
+        f"--target_study={bad}: {bad}/steps_to_target.json: rows[0].chosen_rate: missing."
     )
     no_steps = [dict(tuned_row("lamb", 1024, 0.0141, 20), tuned=False)]
     with pytest.raises(ConfigError) as raised:
         target_curve.study_curve(write_study(tmp_path / "no_steps", table=no_steps), "lamb")
-    assert "its rows are not a steps-to-target table" in str(raised.value)
+    assert str(raised.value).endswith("steps_to_target.json: rows[0].steps_mean: missing.")
 
 
 def test_s_min_with_b_crit_or_e_min():
@@ -164,7 +165,7 @@ def test_a_noise_scale_and_one_point():
 def test_a_cell_is_steps_times_the_step():
     options = settings(**CUSTOM)
     curve = target_curve.given_curve(100.0, 0.0, 1000.0)
-    cell = tta.cell(options, curve, 1024, 4, 1.0)
+    cell = tta.cell(options, curve, 1024, 4)
     # 256 images a device at 1,000/s; ring over 4 of one node: 2*3*5e-6 + 2*3/4 * 4e6 / 50e9
     step = 0.256 + 6 * 5e-6 + 1.5 * 4e6 / 50e9
     steps = 100 + 100_000 / 1024
@@ -181,7 +182,7 @@ def test_a_cell_is_steps_times_the_step():
 def test_cells_that_cannot_run(batch, devices, refused):
     options = settings(**CUSTOM)
     curve = target_curve.given_curve(100.0, 0.0, 1000.0)
-    assert tta.cell(options, curve, batch, devices, 1.0).refused == refused
+    assert tta.cell(options, curve, batch, devices).refused == refused
 
 
 def test_a_batch_that_does_not_fit_accumulates_the_fewest_micro_batches():
@@ -195,7 +196,7 @@ def test_a_batch_that_does_not_fit_accumulates_the_fewest_micro_batches():
     assert fits == 18  # 64 images need 4 micro-batches of 16
     k = 4
     curve = target_curve.given_curve(10.0, 0.0, 100.0)
-    cell = tta.cell(options, curve, 64, 1, 1.0)
+    cell = tta.cell(options, curve, 64, 1)
     assert cell.accumulation == k > 1
     one = tta.cell_step(options, 64 // k, 1)
     assert cell.step.compute == pytest.approx(k * one.compute, rel=1e-12)
@@ -217,7 +218,7 @@ def test_an_accumulated_step_hides_the_all_reduce_behind_its_last_micro_batch_on
     assert options.profile().parameters == 4_290_984
     comm = 2 * 5e-6 + 4 * 4_290_984 / 50e9
     micro = tta.cell_step(options, 32, 2)  # one micro-batch of 16 a device
-    cell = tta.cell(options, target_curve.given_curve(10.0, 0.0, 100.0), 128, 2, 1.0)
+    cell = tta.cell(options, target_curve.given_curve(10.0, 0.0, 100.0), 128, 2)
     assert cell.accumulation == 4
     assert cell.step.communication == pytest.approx(comm, rel=1e-12)
     hidden = 2 / 3 * micro.compute  # the backward pass of the last micro-batch
@@ -228,7 +229,7 @@ def test_an_accumulated_step_hides_the_all_reduce_behind_its_last_micro_batch_on
 def test_the_fastest_and_the_cheapest():
     options = settings(**CUSTOM, target_batches="256,1024", target_devices="1,4")
     curve = target_curve.given_curve(100.0, 0.0, 1000.0)
-    cells = tta.grid(options, curve, 1.0)
+    cells = tta.grid(options, curve, tta.columns(options, None, frozenset()))
     comm = 6 * 5e-6 + 1.5 * 4e6 / 50e9
     seconds = {
         (256, 1): (100 + 100_000 / 256) * 0.256,
@@ -243,38 +244,68 @@ def test_the_fastest_and_the_cheapest():
     assert (cheapest.batch, cheapest.devices) == (256, 1)  # 125.7 s on one: 0.0349 device-h
 
 
-# --- a measured run -----------------------------------------------------------------------------
-def test_a_run_scales_the_model_to_its_own_step(tmp_path):
-    run = tta.read_run(write_run(tmp_path / "run", rate=500.0, batch=256))
+# --- measured runs -----------------------------------------------------------------------------
+def test_one_run_is_taken_as_proportional_to_the_images_a_device(tmp_path):
+    run = measured_step.read_run(write_run(tmp_path / "run", rate=500.0, batch=256))
     assert (run.replicas, run.accumulation, run.step_seconds) == (1, 1, 256 / 500)
-    options = tta.run_options(settings(**ONE), run)
-    assert (options.model, options.image_size) == ("simple_cnn", 28)
-    scale = tta.calibrate_scale(options, run)
-    assert tta.cell_step(options, 256, 1, 1, scale).step == pytest.approx(0.512, rel=1e-9)
-    # one device: every second of the model is the device's, scaled alike
-    ratio = tta.cell_step(options, 1024, 1).step / tta.cell_step(options, 256, 1).step
-    assert tta.cell_step(options, 1024, 1, 1, scale).step == pytest.approx(0.512 * ratio)
+    line = measured_step.runs_line([run], lambda run: 0.0, True)
+    assert line.proportional and (line.fixed, line.per_image) == (0.0, 0.512 / 256)
+    options = settings(**ONE, model="simple_cnn", image_size=28)
+    assert tta.cell_step(options, 256, 1, 1, line).step == pytest.approx(0.512, rel=1e-12)
+    assert tta.cell_step(options, 1024, 1, 1, line).step == pytest.approx(2.048, rel=1e-12)
+    assert measured_step.line_text(line)[1].startswith(
+        "fit       one batch measured: the step taken as proportional to the images a device"
+    )
+
+
+def test_two_runs_fit_the_fixed_and_the_per_image_time(tmp_path):
+    # 100 ms + 1 ms an image: 164 ms at 64, 612 ms at 512 (b_half = 100 images a device)
+    runs = [
+        measured_step.read_run(write_run(tmp_path / str(b), rate=b / (0.1 + 0.001 * b), batch=b))
+        for b in (64, 512)
+    ]
+    line = measured_step.runs_line(runs, lambda run: 0.0, True)
+    assert line.fixed == pytest.approx(0.1, rel=1e-9)
+    assert line.per_image == pytest.approx(0.001, rel=1e-9)
+    assert line.half_batch == pytest.approx(100.0, rel=1e-9) and not line.proportional
+    options = settings(**ONE, model="simple_cnn", image_size=28)
+    assert tta.cell_step(options, 256, 1, 1, line).step == pytest.approx(0.356, rel=1e-9)
+    # a third point off the line: the relative errors, not the seconds, are balanced
+    third = (128, 0.228 * 1.1, "off")
+    fixed, per_image = measured_step.relative_line([*line.points, third])
+    points = [(b, d, (fixed + per_image * b - d) / d) for b, d, _ in [*line.points, third]]
+    # the least squares' normal equations: sum e / d = 0 and sum b e / d = 0
+    assert sum(e / d for _, d, e in points) == pytest.approx(0.0, abs=1e-9)
+    assert sum(b * e / d for b, d, e in points) == pytest.approx(0.0, abs=1e-6)
+    assert max(abs(e) for _, _, e in points) > 0.01  # off the line: a real fit
+    slow_at_large = [(64, 0.2, "a"), (512, 0.1, "b")]
+    with pytest.raises(ConfigError, match="the steps do not grow with the images a device"):
+        measured_step.fit(slow_at_large, (1,), "--from_run")
 
 
 def test_a_runs_replicas_come_from_the_flag_its_summary_or_its_checkpoint(tmp_path):
     summary = write_run(tmp_path / "summary", replicas=2)
     earlier = write_run(tmp_path / "earlier", replicas=4, recorded_in="checkpoint")
-    assert [tta.read_run(summary).replicas, tta.read_run(earlier).replicas] == [2, 4]
-    assert [tta.read_run(summary, 8).replicas, tta.read_run(earlier, 8).replicas] == [8, 8]
+    read = measured_step.read_run
+    assert [read(summary).replicas, read(earlier).replicas] == [2, 4]
+    assert [read(summary, 8).replicas, read(earlier, 8).replicas] == [8, 8]
     with open(os.path.join(earlier, "checkpoints", "ckpt-0003.json"), "w") as f:
         f.write("{not json")  # the newest state unreadable: the one before it
-    assert tta.read_run(os.path.join(earlier, "summary.json")).replicas == 4
+    assert read(os.path.join(earlier, "summary.json")).replicas == 4
 
 
 def test_a_run_on_two_replicas_keeps_the_communication_unscaled(tmp_path):
-    run = tta.read_run(write_run(tmp_path / "run", rate=500.0, batch=256, replicas=2))
-    options = tta.run_options(settings(**CUSTOM), run)
-    scale = tta.calibrate_scale(options, run)
-    step = tta.cell_step(options, 256, 2, 1, scale)
-    # no overlap: measured = scale * (compute + fixed) + the all-reduce (4 bytes a parameter)
+    run = measured_step.read_run(write_run(tmp_path / "run", rate=500.0, batch=256, replicas=2))
+    options = settings(**dict(CUSTOM, model="simple_cnn", image_size=28))
+    line = measured_step.runs_line(
+        [run], lambda run: tta.communication_seconds(options, run.replicas), options.overlap
+    )
+    step = tta.cell_step(options, 256, 2, 1, line)
+    # no overlap: measured = the device's time + the all-reduce (4 bytes a parameter)
     parameters = options.profile().parameters
     comm = 2 * 5e-6 + 4 * parameters / 50e9
     assert step.communication == pytest.approx(comm, rel=1e-12)
+    assert line.points[0][1] == pytest.approx(0.512 - comm, rel=1e-12)
     assert step.step == pytest.approx(0.512, rel=1e-9)
 
 
@@ -282,7 +313,7 @@ def test_the_report_from_a_study_and_a_run(tmp_path):
     options = settings(
         target_study=write_study(tmp_path / "study"),
         target_optimizer="lamb",
-        from_run=write_run(tmp_path / "run"),
+        from_run=(write_run(tmp_path / "run"),),
         target_devices="1,2",
         **ONE,
     )
@@ -292,18 +323,41 @@ def test_the_report_from_a_study_and_a_run(tmp_path):
         "time to accuracy 0.8 of simple_cnn on digits: S(B) = S_min + E_min / B = 20.0 + "
         "6,400 / B steps, B_crit = E_min / S_min = 320"
     )
-    assert f"--from_run {tmp_path}/run/summary.json measured 500.0 images/s at batch 256" in text
+    assert (
+        f"step      simple_cnn at 28, measured (--from_run): {tmp_path}/run/summary.json: 500.0 "
+        "images/s at batch 256 on 1"
+    ) in lines
+    assert "devices   1, 2 (--target_devices)" in lines
     rows = [line.split() for line in lines if line.lstrip().startswith(("32 ", "1,024*"))]
     assert rows[0][:2] == ["32", "220"] and rows[1][:2] == ["1,024*", "26.2"]  # 20 + 6400/1024
-    assert "*: outside the batches measured (32 .. 512): S(B) extrapolated" in lines
+    assert "*: outside the batches fitted (32 .. 512): S(B) extrapolated" in lines
     assert "device time (devices x time to accuracy; / 3600 s: device-hours):" in lines
     assert report.duration(0.25) == "250 ms" and report.duration(4.25) == "4.2 s"
-    assert not any(line.startswith("note ") for line in lines)  # the run's model is the study's
-    other = settings(target_study=options.target_study, target_optimizer="lamb", **ONE)
+    assert not any(line.startswith("mismatch ") for line in lines)  # the run's model is the study's
+    # Without a run the study's own model is planned, on --device's model.
+    alone = settings(target_study=options.target_study, target_optimizer="lamb", **ONE)
+    alone = tta.report(alone, report.duration)
     assert (
-        "note      the study trained simple_cnn at 28, the steps are timed for resnet50 at 224: "
-        "the curve is assumed to carry over"
-    ) in tta.report(other, report.duration).splitlines()
+        "step      the planner's model of simple_cnn at 28 on a V100-SXM2-16GB (--device; "
+        "fitted on 2 published ResNet-50 throughputs of a V100-SXM2-16GB in float16), no "
+        "measured run (--from_run)"
+    ) in alone.splitlines()
+    assert "devices   1 (--devices' default; --target_devices for a sweep)" in alone.splitlines()
+    # Another model: refused, unless asked for, and then said on every answer.
+    other = dict(target_study=options.target_study, target_optimizer="lamb", **ONE)
+    other = settings(**other, model="resnet18", image_size=32)
+    with pytest.raises(ConfigError) as raised:
+        tta.report(other, report.duration, frozenset({"model", "image_size"}))
+    assert str(raised.value) == (
+        "--model: the step would be timed for resnet18 at 32, but --target_study's steps to "
+        "the target are simple_cnn's at 28: another model's curve; plan simple_cnn (leave out "
+        "--model), or give --target_from_other_model to time this curve for it anyway."
+    )
+    asked = dict(vars(other), target_from_other_model=True)
+    crossed = tta.report(settings(**asked), report.duration, frozenset({"model"})).splitlines()
+    mismatch = "curve of simple_cnn at 28, timed for resnet18 at 32"
+    assert f"mismatch  {mismatch} (--target_from_other_model)" in crossed
+    assert all(line.endswith(f"; {mismatch}") for line in crossed[-2:])
     assert lines[-2].startswith("fastest   batch ") and lines[-1].startswith("cheapest  batch ")
     assert not any(line.lstrip().startswith("2,048") for line in lines)  # > the 1,437 examples
     assert not any(line.startswith("rates ") for line in lines)  # no table: no rates
@@ -356,7 +410,8 @@ def test_bad_studies_are_one_line(tmp_path, monkeypatch, capsys):
     empty = str(tmp_path / "empty")
     os.makedirs(empty)
     assert _main(monkeypatch, capsys, target_study=empty) == (
-        f"error: --target_study={empty}: cannot read {empty}/fit.json: No such file or directory."
+        f"error: --target_study={empty}: {empty}/fit.json: cannot read it: No such file or "
+        "directory."
     )
     study = write_study(tmp_path / "study")
     path = f"{study}/fit.json"
@@ -373,7 +428,7 @@ def test_bad_studies_are_one_line(tmp_path, monkeypatch, capsys):
     with open(path, "w") as f:
         f.write("{")
     message = _main(monkeypatch, capsys, target_study=study)
-    assert message.startswith(f"error: --target_study={study}: {path} is not JSON: ")
+    assert message.startswith(f"error: --target_study={study}: {path}: it is not JSON: ")
     assert "\n" not in message
 
 
@@ -394,17 +449,17 @@ def test_bad_curves_and_runs_are_one_line(tmp_path, monkeypatch, capsys):
         settings(target_s_min=-1.0)
     given = dict(target_s_min=10.0, target_b_crit=100.0)
     missing = str(tmp_path / "nothing")
-    assert _main(monkeypatch, capsys, **given, from_run=missing) == (
-        f"error: --from_run={missing}: cannot read {missing}: No such file or directory."
+    assert _main(monkeypatch, capsys, **given, from_run=(missing,)) == (
+        f"error: --from_run={missing}: cannot read it: No such file or directory."
     )
     untimed = write_run(tmp_path / "untimed", rate=None)
-    assert _main(monkeypatch, capsys, **given, from_run=untimed) == (
-        f"error: --from_run={untimed}: {untimed}/summary.json has no train_images_per_second "
-        "(no epoch of the run was timed): train at least 2 epochs, or a longer epoch."
+    assert _main(monkeypatch, capsys, **given, from_run=(untimed,)) == (
+        f"error: --from_run={untimed}: summary.json: no train_images_per_second (no epoch of "
+        "the run was timed): train at least 2 epochs, or a longer epoch."
     )
     unknown = write_run(tmp_path / "unknown", replicas=0)
-    assert _main(monkeypatch, capsys, **given, from_run=unknown) == (
-        f"error: --from_run={unknown}: {unknown}/summary.json: the run's replica count is not "
+    assert _main(monkeypatch, capsys, **given, from_run=(unknown,)) == (
+        f"error: --from_run={unknown}: summary.json: the run's replica count is not "
         "recorded (no layout in it or in a checkpoints/ckpt-*.json beside it): give "
         "--from_run_devices."
     )
@@ -413,14 +468,14 @@ def test_bad_curves_and_runs_are_one_line(tmp_path, monkeypatch, capsys):
         "--layers."
     )
     accumulated = write_run(tmp_path / "accumulated", batch=256, gradient_accumulation_steps=3)
-    assert _main(monkeypatch, capsys, **given, from_run=accumulated) == (
-        f"error: --from_run={accumulated}: {accumulated}/summary.json: global batch 256 does "
-        "not divide into 1 replicas x 3 micro-batches (--from_run_devices?)."
+    assert _main(monkeypatch, capsys, **given, from_run=(accumulated,)) == (
+        f"error: --from_run={accumulated}: summary.json: global batch 256 does not divide "
+        "into 1 replicas x 3 micro-batches (--from_run_devices?)."
     )
     phased = write_run(tmp_path / "phased", batch_schedule="0:64,2:128")
-    assert _main(monkeypatch, capsys, **given, from_run=phased) == (
-        f"error: --from_run={phased}: {phased}/summary.json: the run changed its batch "
-        "(--batch_schedule=0:64,2:128): its throughput is not one batch's."
+    assert _main(monkeypatch, capsys, **given, from_run=(phased,)) == (
+        f"error: --from_run={phased}: summary.json: config.batch_schedule: the run changed its "
+        "batch (0:64,2:128): its throughput is not one batch's."
     )
     with pytest.raises(ConfigError) as raised:
         settings(target_batches="64,lots")
@@ -433,35 +488,42 @@ def test_bad_curves_and_runs_are_one_line(tmp_path, monkeypatch, capsys):
     )
 
 
-def test_the_planning_page_example_is_what_the_planner_prints(tmp_path):
-    # the study's fit and table and the run's summary as the page's commands wrote them
-    # (2026-12-05; the table's rows 2026-12-06, the same fit)
-    fit = {
-        "study": dict(FIT["study"], train_examples=1438, image_size=16, optimizers=["lamb"]),
-        "fits": {
-            "lamb": {
-                "s_min": 4.222222222222222,
-                "e_min": 568.8888888888891,
-                "b_crit": 134.7368421052632,
-                "batches": [32, 128, 512],
-            }
-        },
-    }
-    table = [
-        tuned_row("lamb", 32, 0.003535533905932738, 135),
-        tuned_row("lamb", 128, 0.007071067811865476, 34),
-        tuned_row("lamb", 512, 0.007071067811865476, 20),
-    ]
-    study = write_study(tmp_path / "tta_study", fit, table)
-    run = write_run(tmp_path / "tta_run", rate=4279.4, batch=128, image_size=16)
-    options = settings(target_study=study, from_run=run, target_devices="1,2,4,8,16")
-    text = tta.report(options, report.duration).replace(str(tmp_path), "/tmp")
-    with open(os.path.join(os.path.dirname(__file__), "..", "docs", "planning.md")) as f:
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+STUDY = "docs/batch_study/fashion_mnist_steps"  # committed; the page's paths are relative
+
+
+def _page_block(name):
+    """(the command, the printed lines) of planning.md's transcript `name`."""
+    with open(os.path.join(ROOT, "docs", "planning.md")) as f:
         page = f.read()
-    start = page.index("<!-- time to accuracy example:")
-    block = page[start : page.index("<!-- end of the time to accuracy example -->")]
-    printed = block.split("--target_devices=1,2,4,8,16\n", 1)[1].rsplit("```", 1)[0]
-    assert printed == text + "\n"
+    block = page.split(f"<!-- time to accuracy {name}")[1].split("```\n", 1)[1]
+    command, printed = block.split("```\n")[0].split("\n", 1)
+    return command, printed
+
+
+def test_the_planning_page_examples_are_what_the_planner_prints(tmp_path, monkeypatch):
+    monkeypatch.chdir(ROOT)
+    lars = dict(target_study=STUDY, target_optimizer="lars")
+    command, printed = _page_block("example:")
+    assert command == f"$ keras-lars-plan --target_study={STUDY} --target_optimizer=lars"
+    assert printed == tta.report(settings(**lars), report.duration) + "\n"
+    # --devices=8: the table and the answers, the lines between them left out
+    command, printed = _page_block("on 8 devices:")
+    assert command.endswith("--target_optimizer=lars --devices=8")
+    text = tta.report(settings(**lars, devices=8), report.duration, frozenset({"devices"}))
+    shown, answers = printed.split("...\n", 1)[1].split("\n...\n")
+    assert f"\n{shown}\n" in text and text.endswith(answers.rstrip("\n"))
+    # two runs, as the page's commands recorded them (2026-12-07), replayed
+    command, printed = _page_block("from runs:")
+    assert command.endswith("--from_run=/tmp/run64,/tmp/run512")
+    runs = tuple(
+        write_run(tmp_path / f"run{batch}", rate=rate, batch=batch)
+        for batch, rate in ((64, 629.65), (512, 394.46))
+    )
+    text = tta.report(settings(**lars, from_run=runs), report.duration)
+    shown, answers = printed.split("...\n", 1)[1].split("\n...\n")
+    text = text.replace(str(tmp_path), "/tmp")
+    assert f"\n{shown}\n" in text and text.endswith(answers.rstrip("\n"))
 
 
 @pytest.mark.subprocess

@@ -8,7 +8,7 @@ all-reduce algorithm.
     keras-lars-plan --records        # published ImageNet records: published vs predicted
     keras-lars-plan --devices=128 --batch_schedule=0:4096,30:8192,60:16384 \
         --image_size_schedule=0:128,40:192,80:224     # a phased plan: one row a phase
-    keras-lars-plan --target_study=STUDY_DIR --from_run=MODEL_DIR  # time to accuracy
+    keras-lars-plan --target_study=STUDY_DIR --from_run=RUN1,RUN2  # time to accuracy
 
 (also `python -m keras_lars.tools.plan`; `--help` documents every input).
 One step over p devices, b = B / p images each:
@@ -16,7 +16,7 @@ One step over p devices, b = B / p images each:
     step = (b + b_half) t_image / u + c_fixed + max(0, allreduce(n) - backward) + input stall
 
 The modules, data flowing one way (cli -> config, report, records_table,
-time_to_accuracy; config -> model_inputs -> phased_plan, step -> device,
+time_to_accuracy -> measured_step; config -> model_inputs -> phased_plan, step -> device,
 cost_models; report -> pipeline_parallel, step; records and calibration are data):
 
     cost_models  the all-reduce alpha-beta models: ring, tree, halving_doubling,
@@ -44,8 +44,10 @@ cost_models; report -> pipeline_parallel, step; records and calibration are data
     records      published ImageNet / ResNet-50 times with their hardware (a data table)
     target_curve steps to a target accuracy against the batch, S(B) = S_min + E_min / B,
                  from a study's fit.json, S_min and B_crit, or a noise scale
-    time_to_accuracy  a measured run's throughput scaling the step; time to
-                 accuracy and device time over batch x devices, with accumulation
+    measured_step  a step's device time from measured runs (--from_run) or a
+                 study's own trials: the line fixed + per-image time
+    time_to_accuracy  time to accuracy and device time over batch x devices: whose
+                 model, whose step, the columns asked for, accumulation
     target_flags the time-to-accuracy settings (config.PlanSettings inherits them)
     config       PlanSettings: every flag declared once, checked on construction
     model_inputs what the settings mean to the models: device, profile, cluster,

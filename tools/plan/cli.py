@@ -8,6 +8,7 @@ import os
 import sys
 
 from absl import app
+from absl import flags
 
 from keras_lars import _quiet
 from keras_lars.tools import settings
@@ -32,7 +33,7 @@ def main(argv):
     from keras_lars.tools.plan.time_to_accuracy import report as time_to_accuracy_report
 
     try:  # --target_study, --target_s_min or --target_noise_scale: time to accuracy instead
-        accuracy = time_to_accuracy_report(options, duration)
+        accuracy = time_to_accuracy_report(options, duration, _given())
     except ConfigError as error:
         sys.exit(f"error: {error}")
     if accuracy:
@@ -50,6 +51,15 @@ def main(argv):
     if layout_lines:
         print()
         print(layout_lines)
+
+
+def _given():
+    """The names of the flags on the command line (none where the flags were
+    not parsed: main called with settings made in code)."""
+    try:
+        return frozenset(settings.from_flags(PlanSettings)[1] if flags.FLAGS.is_parsed() else ())
+    except (KeyError, AttributeError):  # parsed by another program, without the planner's flags
+        return frozenset()
 
 
 def layout_out_text(options):

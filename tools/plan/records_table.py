@@ -10,6 +10,7 @@ from keras_lars.tools.plan.records import CALIBRATION_RECORD
 from keras_lars.tools.plan.records import RECORDS
 from keras_lars.tools.plan.records import TOLERANCE
 from keras_lars.tools.plan.report import duration
+from keras_lars.tools.plan.step import fit_utilization
 from keras_lars.tools.plan.step import leave_one_out
 from keras_lars.tools.plan.step import records_rows
 
@@ -57,28 +58,36 @@ def _per_device_u(rec):
 
 
 def leave_one_out_lines(results):
-    """The leave-one-out summary: each record predicted at the u fitted on
-    the others."""
+    """The leave-one-out summary: each scored record predicted over its
+    range at the u fitted on the other scored ones."""
     us = sorted(result.utilization for result in results)
     errors = sorted(abs(result.error) for result in results)
     return [
-        f"leave-one-out: each of the {len(results)} records predicted at the u fitted on the "
-        f"other {len(results) - 1} (the geometric median of their fit u: {us[0]:.2f} .. "
-        f"{us[-1]:.2f}): {sum(result.within for result in results)} within +-{TOLERANCE:.0%} "
-        f"(median |error| {errors[len(errors) // 2]:.0%})",
+        f"leave-one-out: each of the {len(results)} scored records predicted at the u fitted "
+        f"on the other {len(results) - 1} (the geometric median of their fit u: {us[0]:.2f} "
+        f".. {us[-1]:.2f}): {sum(result.within for result in results)} within "
+        f"+-{TOLERANCE:.0%} over their whole range (median |error| at the nominal inputs "
+        f"{errors[len(errors) // 2]:.0%})",
     ]
 
 
 def _both_models():
-    """The records' rows under one u and under PER_DEVICE, and leave-one-out."""
-    return records_rows(), records_rows(PER_DEVICE), leave_one_out()
+    """The records' rows under one u and under PER_DEVICE, and leave-one-out
+    by record (the scored ones)."""
+    loo = {result.record.key: result for result in leave_one_out()}
+    return records_rows(), records_rows(PER_DEVICE), [loo.get(rec.key) for rec in RECORDS]
+
+
+def _loo_text(result):
+    return _range_text(result.ranged) if result else "-"
 
 
 def records_text():
     """The records table; `one u`: predicted and error at the fitted u;
     `per device`: each device's calibrated u and the error under it; `fit
-    u`: the utilization that would reproduce the published time; `LOO`: the
-    record's error at the u fitted on all the others (step.leave_one_out)."""
+    u`: the utilization that would reproduce the published time; `LOO`: a
+    scored record's error (range) at the u fitted on the other scored ones
+    (step.leave_one_out)."""
     rows, calibrated, loo = _both_models()
     lines = [
         f"ResNet-50 / ImageNet: published vs predicted from the records' hardware, (a) at one "
@@ -87,7 +96,7 @@ def records_text():
         f"within: the whole range over the assumed inputs inside +-{TOLERANCE:.0%}",
         f"{'record':<22}{'hardware':<22}{'batch':>15}{'epochs':>7}{'published':>11}"
         f"{'(a) predicted':>14}{'error (range)':>17}{'(b) u':>7}{'predicted':>11}"
-        f"{'error (range)':>17}{'fit u':>7}{'LOO':>7}  verdict (a) / (b)",
+        f"{'error (range)':>17}{'fit u':>7}{'LOO (range)':>17}  verdict (a) / (b)",
     ]
     for row, other, result in zip(rows, calibrated, loo):
         rec = row.record
@@ -97,11 +106,11 @@ def records_text():
             f"{rec.epochs:>7g}{duration(rec.published_seconds):>11}"
             f"{duration(row.predicted):>14}{_range_text(row):>17}{_per_device_u(rec):>7}"
             f"{predicted:>11}{_range_text(other):>17}"
-            f"{result.fitted:>7.3f}{_percent(result.error):>7}  "
+            f"{fit_utilization(rec):>7.3f}{_loo_text(result):>17}  "
             f"{_verdict(rec, row)} / {_verdict(rec, other)}"
         )
     lines += [score_line(rows), score_line(calibrated, PER_DEVICE)]
-    lines += leave_one_out_lines(loo)
+    lines += leave_one_out_lines([r for r in loo if r])
     lines.append("sources, assumed inputs and the misses: docs/planning.md")
     return "\n".join(lines)
 
@@ -154,8 +163,8 @@ def records_markdown():
             f"{_inputs_text(rec)} | {duration(row.predicted)} | {_range_text(row)} | "
             f"{verdicts[0]} | {_per_device_u(rec)} | "
             f"{duration(other.predicted) if other else '-'} | {_range_text(other)} | "
-            f"{verdicts[1]} | {result.fitted:.3f} | {_percent(result.error)} |"
+            f"{verdicts[1]} | {fit_utilization(rec):.3f} | {_loo_text(result)} |"
         )
     lines += ["", score_line(rows) + ".", "", score_line(calibrated, PER_DEVICE) + ".", ""]
-    lines += [line + "." for line in leave_one_out_lines(loo)]
+    lines += [line + "." for line in leave_one_out_lines([r for r in loo if r])]
     return "\n".join(lines) + "\n"

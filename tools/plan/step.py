@@ -17,7 +17,7 @@ Per layer, data parallelism moves 2 P s_g bytes a step and model
 parallelism 2 B I s_a (`LayerChoice`). A record's prediction is a range
 over its assumed inputs (`record_range`), at one u or under each device's
 own calibration (published.PER_DEVICE); `leave_one_out` predicts each
-record at the u fitted on all the others.
+scored record over its range at the u fitted on the other scored ones.
 """
 
 import dataclasses
@@ -275,18 +275,23 @@ def records_rows(utilization=CALIBRATED_UTILIZATION):
 
 @dataclasses.dataclass(frozen=True)
 class LeaveOneOut:
-    """`record` left out: u fitted on the other records, this record's error
-    (predicted / published - 1, nominal inputs) at that u, and the u fitted
-    on the record itself (`fitted`: the one that reproduces its time)."""
+    """`record` (a scored one) left out: u fitted on the other scored
+    records, and its RecordRange at that u (`ranged`: the error at the
+    nominal inputs and over every combination of the assumed ones, as the
+    verdict of the table judges a record)."""
 
     record: object
     utilization: float
-    error: float
-    fitted: float
+    ranged: RecordRange
+
+    @property
+    def error(self):
+        return self.ranged.error
 
     @property
     def within(self):
-        return abs(self.error) <= TOLERANCE
+        """Inside +-TOLERANCE over the whole range, as the table's verdict."""
+        return self.ranged.within
 
 
 def geometric_median(utilizations):
@@ -298,12 +303,14 @@ def geometric_median(utilizations):
 
 
 def leave_one_out(records=RECORDS):
-    """For each record in turn: u fitted on all the others
-    (`geometric_median` of their fitted u), the one left out predicted at it."""
-    fitted = {rec.key: fit_utilization(rec) for rec in records}
+    """For each scored record in turn: u fitted on the other scored records
+    (`geometric_median` of their fitted u), the one left out predicted at
+    it over its assumed inputs (record_range). The calibration and the rows
+    that repeat it are not scored, so they neither fit nor count."""
+    scored = [rec for rec in records if rec.scored]
+    fitted = {rec.key: fit_utilization(rec) for rec in scored}
     results = []
-    for rec in records:
+    for rec in scored:
         u = geometric_median([value for key, value in fitted.items() if key != rec.key])
-        error = predict_record(rec, u).seconds / rec.published_seconds - 1
-        results.append(LeaveOneOut(rec, u, error, fitted[rec.key]))
+        results.append(LeaveOneOut(rec, u, record_range(rec, u)))
     return results

@@ -25,10 +25,10 @@ Every error is one line naming the flag (and the file).
 """
 
 import dataclasses
-import json
 import math
 import os
 
+from keras_lars.tools import untrusted_json
 from keras_lars.tools.settings import ConfigError
 
 FIT_FILE = "fit.json"  # tools/batch_study/target_results.write_target_outputs
@@ -54,6 +54,9 @@ class StepsCurve:
     # (batch, steps to the target or None, peak rate, schedule steps): the study's
     # untuned batches (one trial at the choice of the batch before; not fitted)
     untuned: tuple = ()
+    measured_steps: dict = dataclasses.field(default_factory=dict)  # {batch: mean steps}
+    study: str = ""  # the study's directory, where the curve is a study's
+    optimizer: str = ""
 
     def tuned_at(self, batch):
         """(peak rate, schedule steps) the study tuned at `batch`, or None."""
@@ -131,16 +134,24 @@ def noise_scale_curve(noise_scale, steps, batch):
     return StepsCurve(s_min, s_min * noise_scale, source, measured=(batch,))
 
 
-def read_json(flag, path):
-    """The JSON document in `path`, which `flag` named; a ConfigError naming
-    both when it cannot be read or is not JSON."""
+def read_json(flag, path, lines=False):
+    """The JSON document in `path` (`lines`: the documents of a JSON-lines
+    file), read as untrusted (tools/untrusted_json.py); a ConfigError naming
+    `flag` and the file otherwise."""
+    read = untrusted_json.read_json_lines if lines else untrusted_json.read_json
     try:
-        with open(path) as f:
-            return json.load(f)
-    except OSError as error:
-        raise ConfigError(f"{flag}: cannot read {path}: {error.strerror or error}.") from None
-    except (ValueError, UnicodeDecodeError) as error:
-        raise ConfigError(f"{flag}: {path} is not JSON: {error}.") from None
+        return read(path)
+    except untrusted_json.UntrustedFileError as error:
+        raise ConfigError(f"{flag}: {path}: {error}.") from None
+
+
+def checked(flag, path, read, *arguments):
+    """read(*arguments) (fields of a file's document), its
+    UntrustedFileError a ConfigError naming `flag` and the file."""
+    try:
+        return read(*arguments)
+    except untrusted_json.UntrustedFileError as error:
+        raise ConfigError(f"{flag}: {path}: {error}.") from None
 
 
 def study_curve(directory, optimizer):
@@ -174,68 +185,102 @@ def study_curve(directory, optimizer):
             f"--target_optimizer={optimizer}: the study {path} has no fit for {optimizer}: "
             "fewer than 3 batches where every seed reached the target."
         )
-    try:
-        s_min, e_min = float(fit["s_min"]), float(fit["e_min"])
-        batches = tuple(int(b) for b in fit["batches"])
-    except (KeyError, TypeError, ValueError):
-        raise ConfigError(
-            f"{flag}: {path}: the fit of {optimizer} is not {{s_min, e_min, b_crit, batches}}."
-        ) from None
-    if not (s_min >= 0 and e_min >= 0 and s_min + e_min > 0 and batches):
+    s_min, e_min, batches = checked(flag, path, _fit, fit, optimizer)
+    if s_min + e_min <= 0:
         raise ConfigError(
             f"{flag}: {path}: the fit of {optimizer} has S_min {s_min:g}, E_min {e_min:g}: "
             "no curve."
         )
-    target = (
-        f"accuracy {study.get('target_accuracy')} of {study.get('model')} on {study.get('dataset')}"
-    )
-    tuned, untuned = _table_points(directory, flag, optimizer, batches)
-    examples = study.get("train_examples")
+    model, image_size, examples = checked(flag, path, _study_fields, study)
+    target = f"accuracy {study.get('target_accuracy')} of {model} on {study.get('dataset')}"
+    tuned, untuned, measured = _table_points(directory, flag, optimizer, batches)
+    noise = checked(flag, path, _noise_scale_text, document, optimizer)
     return StepsCurve(
         s_min,
         e_min,
         f"--target_study={path}, {optimizer}, fitted on batches "
-        f"{', '.join(f'{b:,}' for b in batches)}" + _noise_scale_text(document, optimizer),
+        f"{', '.join(f'{b:,}' for b in batches)}" + noise,
         measured=batches,
-        max_batch=examples if isinstance(examples, int) and examples > 0 else None,
+        max_batch=examples or None,
         target=target,
-        model=study.get("model") if isinstance(study.get("model"), str) else "",
-        image_size=study.get("image_size") if isinstance(study.get("image_size"), int) else 0,
+        model=model,
+        image_size=image_size,
         tuned=tuned,
         untuned=untuned,
+        measured_steps=measured,
+        study=directory,
+        optimizer=optimizer,
+    )
+
+
+def _fit(fit, optimizer):
+    """(S_min, E_min, fitted batches) of a fit.json fit, each checked."""
+    where = f"fits.{optimizer}."
+    if not isinstance(fit, dict):
+        raise untrusted_json.UntrustedFileError(f"fits.{optimizer}: not an object")
+    s_min = untrusted_json.number(fit, "s_min", positive=False, where=where)
+    e_min = untrusted_json.number(fit, "e_min", positive=False, where=where)
+    return s_min, e_min, untrusted_json.integers(fit, "batches", where=where)
+
+
+def _study_fields(study):
+    """(model, image side, training examples) of a fit.json's study (''/0: not said)."""
+    return (
+        untrusted_json.text(study, "model", where="study."),
+        untrusted_json.integer(study, "image_size", where="study.", default=0),
+        untrusted_json.integer(study, "train_examples", where="study.", default=0),
     )
 
 
 def _table_points(directory, flag, optimizer, batches):
     """From the study's table, for `optimizer`: ((batch, peak rate, schedule
     steps), ...) it chose at the fitted `batches` (those where every seed
-    reached the target), and ((batch, steps or None, peak rate, schedule
-    steps), ...) it measured at its untuned batches (`tuned` false; a table
-    of an older study has none); both () when the study has no table."""
+    reached the target), ((batch, steps or None, peak rate, schedule steps),
+    ...) it measured at its untuned batches (`tuned` false; a table of an
+    older study has none), and {batch: mean steps measured} at the fitted
+    batches and the untuned ones that reached the target; all empty when the
+    study has no table."""
     path = os.path.join(directory, TABLE_FILE)
-    if not os.path.exists(path):
-        return (), ()
+    if not os.path.lexists(path):
+        return (), (), {}
     document = read_json(flag, path)
     rows = document.get("rows") if isinstance(document, dict) else None
-    tuned, untuned = {}, {}
-    try:
-        for r in rows:
-            if r["optimizer"] != optimizer:
-                continue
-            batch, point = int(r["batch_size"]), (float(r["chosen_rate"]), int(r["budget_steps"]))
-            if r.get("tuned", True) is False:
-                steps = r["steps_mean"]
-                untuned[batch] = (None if steps is None else float(steps), *point)
-            elif batch in batches:
-                tuned[batch] = point
-    except (KeyError, TypeError, ValueError, AttributeError):
-        raise ConfigError(
-            f"{flag}: {path}: its rows are not a steps-to-target table "
-            "(optimizer, batch_size, chosen_rate, budget_steps, steps_mean, tuned)."
-        ) from None
+    if not isinstance(rows, list):
+        raise ConfigError(f'{flag}: {path}: no "rows": not a steps-to-target table.')
+    tuned, untuned, measured = {}, {}, {}
+    for number, r in enumerate(rows):
+        if not isinstance(r, dict) or r.get("optimizer") != optimizer:
+            continue
+        batch, rate, budget, steps, is_tuned = checked(flag, path, _row, r, number)
+        if not is_tuned:
+            untuned[batch] = (steps, rate, budget)
+        elif batch in batches:
+            tuned[batch] = (rate, budget)
+        if steps is not None and (batch in batches or not is_tuned):
+            measured[batch] = steps
     return (
         tuple((b, *tuned[b]) for b in sorted(tuned)),
         tuple((b, *untuned[b]) for b in sorted(untuned)),
+        measured,
+    )
+
+
+def _row(row, number):
+    """(batch, peak rate, schedule steps, mean steps or None, tuned) of a
+    table row, each checked."""
+    where = f"rows[{number}]."
+    tuned = row.get("tuned", True)
+    if not isinstance(tuned, bool):
+        raise untrusted_json.UntrustedFileError(f"{where}tuned: {tuned!r} is not true or false")
+    steps = row.get("steps_mean")
+    if "steps_mean" not in row and not tuned:
+        raise untrusted_json.UntrustedFileError(f"{where}steps_mean: missing")
+    return (
+        untrusted_json.integer(row, "batch_size", where=where),
+        untrusted_json.number(row, "chosen_rate", where=where),
+        untrusted_json.integer(row, "budget_steps", where=where),
+        None if steps is None else untrusted_json.number(row, "steps_mean", where=where),
+        tuned,
     )
 
 
@@ -258,12 +303,20 @@ def source_flags(options):
 def _noise_scale_text(document, optimizer):
     """'; measured noise scale B_simple 120 at batch 512' where the study's
     fit.json holds one for `optimizer` (its "noise_scales"), else ''."""
-    found = (document.get("noise_scales") or {}).get(optimizer)
-    if not isinstance(found, dict) or not isinstance(found.get("noise_scale"), (int, float)):
+    scales = document.get("noise_scales")
+    if scales is None:
         return ""
+    if not isinstance(scales, dict):
+        raise untrusted_json.UntrustedFileError("noise_scales: not an object of optimizers")
+    found = scales.get(optimizer)
+    if found is None:
+        return ""
+    where = f"noise_scales.{optimizer}."
+    scale = untrusted_json.number(found, "noise_scale", where=where)
+    batch = untrusted_json.integer(found, "batch_size", where=where)
     return (
-        f"; measured noise scale B_simple {found['noise_scale']:,.0f} at batch "
-        f"{found.get('batch_size')} (the study's, beside this B_crit)"
+        f"; measured noise scale B_simple {scale:,.0f} at batch "
+        f"{batch} (the study's, beside this B_crit)"
     )
 
 

@@ -4,11 +4,10 @@ by inheritance: a steps-to-target curve (target_curve.py), the user's
 measured run, and the batch x devices grid."""
 
 import dataclasses
+import math
 
-from keras_lars.tools.settings import at_least
 from keras_lars.tools.settings import setting
 
-DEFAULT_DEVICE_COUNTS = "1,2,4,8,16,32,64,128,256"
 MAX_GRID = 32  # rows or columns
 
 
@@ -36,7 +35,15 @@ def _counts(value, config):
 
 
 def _positive_or_unset(value, config):
+    if not math.isfinite(value):
+        return "must be a finite number"
     return None if value >= 0 else "must be > 0 (0: not given)"
+
+
+def _runs(value, config):
+    if len(value) > MAX_GRID:
+        return f"at most {MAX_GRID} runs"
+    return None if all(value) else "an empty path"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -78,22 +85,31 @@ class TargetSettings:
         check=_positive_or_unset,
     )
     target_measured_steps: float = setting(
-        0.0, "Steps one run took to the target at --target_measured_batch.", check=at_least(0.0)
+        0.0,
+        "Steps one run took to the target at --target_measured_batch.",
+        check=_positive_or_unset,
     )
     target_measured_batch: int = setting(
-        0, "The global batch of the --target_measured_steps run.", check=at_least(0)
+        0, "The global batch of the --target_measured_steps run.", check=_positive_or_unset
     )
-    from_run: str = setting(
-        "",
-        "A keras-lars-train run (its model dir or summary.json) whose measured "
-        "train_images_per_second scales the planner's step model (time to accuracy); its "
-        "model and image size are planned.",
+    target_from_other_model: bool = setting(
+        False,
+        "Time a --target_study's curve for another model (--model, --image_size) than the one "
+        "the study trained; every answer then says so. Without it the planner refuses.",
+    )
+    from_run: tuple = setting(
+        (),
+        "keras-lars-train runs (model dirs or summary.json files, comma-separated) of one "
+        "model on one kind of device whose measured train_images_per_second times a step "
+        "(time to accuracy): two or more at different batches fit the fixed and the "
+        "per-image time; one alone is taken as proportional to the images a device.",
+        check=_runs,
     )
     from_run_devices: int = setting(
         0,
-        "Replicas the --from_run run trained on; 0: the run's record of them (summary.json's "
+        "Replicas each --from_run run trained on; 0: the run's record of them (summary.json's "
         "layout.replicas; a run of an earlier version: its newest checkpoints/ckpt-*.json's).",
-        check=at_least(0),
+        check=_positive_or_unset,
     )
     target_batches: str = setting(
         "",
@@ -102,7 +118,9 @@ class TargetSettings:
         check=_counts,
     )
     target_devices: str = setting(
-        DEFAULT_DEVICE_COUNTS,
-        "Device counts of the time-to-accuracy grid.",
+        "",
+        "Device counts of a time-to-accuracy sweep, e.g. 1,2,4,8; empty: one column, "
+        "--devices where given, else the devices the step was measured on (the --from_run "
+        "runs', the study's host: 1), else --devices' default.",
         check=_counts,
     )
