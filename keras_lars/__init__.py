@@ -14,6 +14,7 @@ if not _quiet.holding():
 
     from keras_lars import compat  # Keras/TF workarounds; nothing is patched at import
     from keras_lars import distribute
+    from keras_lars.adaptive_batch import AdaptiveBatchSize
     from keras_lars.batch_schedule import BatchSchedule
     from keras_lars.batch_schedule import EpochWarmupPolyDecay
     from keras_lars.callbacks import DivergenceGuard
@@ -66,6 +67,7 @@ __all__ = [
     "EpochWarmupPolyDecay",
     "TrustRatioMonitor",
     "NoiseScaleMonitor",
+    "AdaptiveBatchSize",
     "measure_noise_scale",
     "NoiseScaleMeasurement",
     "DivergenceGuard",

@@ -29,7 +29,11 @@ correction cancels in B_simple.
 
 The optimizers measure it without an extra forward or backward pass (see
 `NoiseScaleEstimator` for where the two gradient sizes come from), and
-`NoiseScaleMonitor` puts the readings into the training logs.
+`NoiseScaleMonitor` puts the readings into the training logs. Beside the
+averages the estimator keeps raw sums since their last reset
+(`NoiseScaleEstimator.interval_stats`): B_simple of a recent interval, with no
+lag from before it, and its standard error (`interval_noise_scale`), which
+`keras_lars.AdaptiveBatchSize` acts on.
 `measure_noise_scale` measures it at fixed weights instead, from many
 micro-batches and with a confidence interval: no moving average, no lag.
 """
@@ -50,6 +54,8 @@ from keras_lars.validation import check_number
 
 # The keys of `NoiseScaleEstimator.stats()` and of the logs `NoiseScaleMonitor` fills.
 LOG_KEYS = ("noise_scale", "noise_scale_gradient_sq", "noise_scale_trace")
+# What the interval sums hold, in order, over the n measurements since their reset.
+INTERVAL_SUMS = ("count", "gradient_sq", "trace", "gradient_sq_sq", "trace_sq", "product")
 
 
 # --- pure estimators (numpy, Python floats or keras tensors) ---------------
@@ -77,6 +83,35 @@ def trace_estimate(small_norm_sq, big_norm_sq, small_batch, big_batch):
 def simple_noise_scale(gradient_norm_sq, trace):
     """B_simple = tr(Sigma) / |G|^2 (in examples)."""
     return trace / gradient_norm_sq
+
+
+def interval_noise_scale(sums):
+    """B_simple of n measurements (g_i, t_i) of |G|^2 and tr(Sigma), from the
+    sums (n, sum g, sum t, sum g^2, sum t^2, sum g*t) (`INTERVAL_SUMS`):
+
+        B = sum t / sum g                          (the ratio of the means)
+        se(B) = sqrt(sum (t_i - B g_i)^2 / (n (n - 1))) / |mean g|
+
+    (the delta method's standard error of a ratio of means; the residuals
+    t_i - B g_i sum to 0). Returns {"noise_scale", "standard_error",
+    "gradient_sq", "trace", "count"} (floats): B is nan where sum g <= 0
+    (the true gradient not resolved), the error nan below 2 measurements."""
+    n, g, t, gg, tt, gt = (float(value) for value in sums)
+    gradient_sq = g / n if n else float("nan")
+    trace = t / n if n else float("nan")
+    scale = error = float("nan")
+    if n and g > 0:
+        scale = t / g
+        if n >= 2:
+            residual = max(0.0, tt - 2.0 * scale * gt + scale * scale * gg)
+            error = math.sqrt(residual / (n * (n - 1))) / gradient_sq
+    return {
+        "noise_scale": scale,
+        "standard_error": error,
+        "gradient_sq": gradient_sq,
+        "trace": trace,
+        "count": int(n),
+    }
 
 
 def ema_update(average, value, decay):
@@ -116,16 +151,17 @@ class NoiseScaleEstimator:
     default "sum_over_batch_size"), so that a gradient is a mean of
     per-example gradients.
 
-    Four float32 scalar optimizer variables hold the state (saved in
-    checkpoints; a resumed run goes on exactly): the number of measurements
-    t, the two moving averages (not yet bias-corrected) and the micro-batch
-    sum of |g_j|^2. `stats()` reads the bias-corrected values.
+    Five float32 optimizer variables hold the state (saved in checkpoints; a
+    resumed run goes on exactly): the number of measurements t, the two
+    moving averages (not yet bias-corrected), the micro-batch sum of |g_j|^2,
+    and the raw interval sums (`INTERVAL_SUMS`, since the last
+    `interval_stats(reset=True)`). `stats()` reads the bias-corrected values.
     """
 
     def __init__(self, batch_size, decay):
         self.batch_size = check_integer("noise_scale_batch_size", batch_size, at_least=1)
         self.decay = check_number("noise_scale_decay", decay, at_least=0.0, below=1.0)
-        self.count = self.gradient_sq = self.trace = self.small_sum = None
+        self.count = self.gradient_sq = self.trace = self.small_sum = self.sums = None
 
     def check_backend(self, accumulation_steps):
         """Refuses the backends (and set-ups) where it cannot be measured."""
@@ -159,9 +195,9 @@ class NoiseScaleEstimator:
             )
 
     def build(self, optimizer):
-        def scalar(name):
+        def scalar(name, shape=()):
             return optimizer.add_variable(
-                shape=(),
+                shape=shape,
                 initializer="zeros",
                 dtype="float32",
                 aggregation="only_first_replica",
@@ -172,6 +208,7 @@ class NoiseScaleEstimator:
         self.gradient_sq = scalar("noise_scale_gradient_sq_average")
         self.trace = scalar("noise_scale_trace_average")
         self.small_sum = scalar("noise_scale_micro_batch_norm_sq_sum")
+        self.sums = scalar("noise_scale_interval_sums", (len(INTERVAL_SUMS),))
 
     def _record(self, measured, small_norm_sq, big_norm_sq, small_batch, big_batch):
         """Moves the averages where `measured` (a boolean tensor) is true."""
@@ -182,6 +219,11 @@ class NoiseScaleEstimator:
                 ops.where(measured, ema_update(variable.value, value, self.decay), variable.value)
             )
         self.count.assign(self.count.value + ops.cast(measured, "float32"))
+        terms = ops.stack(
+            [ops.ones((), "float32"), gradient_sq, trace]
+            + [gradient_sq * gradient_sq, trace * trace, gradient_sq * trace]
+        )
+        self.sums.assign(ops.where(measured, self.sums.value + terms, self.sums.value))
 
     def on_micro_batch(self, optimizer, grads, trainable_variables):
         """Called by the optimizer's `_backend_apply_gradients` with each
@@ -227,6 +269,16 @@ class NoiseScaleEstimator:
         else:
             scale = simple_noise_scale(gradient_sq, trace)
         return dict(zip(LOG_KEYS, (scale, gradient_sq, trace)))
+
+    def interval_stats(self, reset=False):
+        """`interval_noise_scale` of the raw measurements since the last
+        reset (or the start): B_simple of that interval alone, with its
+        standard error; `reset=True` then zeroes the sums (call it from
+        outside the train step, e.g. in a callback)."""
+        found = interval_noise_scale(ops.convert_to_numpy(self.sums))
+        if reset:
+            self.sums.assign(ops.zeros_like(self.sums.value))
+        return found
 
 
 def _sum_over_replicas(value):
@@ -403,8 +455,9 @@ def measure_noise_scale(
 
     Args:
         model: a built Keras model (TensorFlow or JAX backend).
-        x: the data set's inputs, a numpy array (or array-like) indexed by
-            example.
+        x: the data set's inputs indexed by example: a numpy array, a list,
+            or an object with len() and numpy's indexing by an array of
+            indices (which may, e.g., decode images only as they are drawn).
         y: its targets, indexed as `x`.
         loss: a Keras loss (name, function or instance) that averages over the
             batch (Keras's default "sum_over_batch_size"); the model's own
@@ -424,7 +477,7 @@ def measure_noise_scale(
     b = check_integer("micro_batch_size", micro_batch_size, at_least=1)
     k = check_integer("micro_batches", micro_batches, at_least=2)
     groups = check_integer("groups", groups, at_least=2)
-    x, y = np.asarray(x), np.asarray(y)
+    x, y = (np.asarray(a) if isinstance(a, (list, tuple)) else a for a in (x, y))
     if len(x) != len(y) or not len(x):
         raise ValueError(
             f"`x` and `y` must hold the same number of examples, at least one; received "

@@ -92,12 +92,15 @@ class _Raw(keras.callbacks.Callback):
             self.values.append((stats["noise_scale_gradient_sq"], stats["noise_scale_trace"]))
 
 
-def measure(draws, small, groups_per_update, strategy=None, accumulate=True, seed=1):
+def measure(
+    draws, small, groups_per_update, strategy=None, accumulate=True, seed=1, intervals=None
+):
     """Raw estimates of `draws` updates, and the index groups behind them.
 
     accumulate=True: `groups_per_update` micro-batches of `small` examples
     each; False: one step of groups_per_update * small examples, split over
-    the strategy's replicas."""
+    the strategy's replicas. `intervals`: a list that gets the estimator's
+    `interval_stats()` after the run."""
     x, y = make_data()
     rng = np.random.default_rng(seed)
     indices = rng.integers(0, EXAMPLES, size=(draws, groups_per_update, small))
@@ -125,6 +128,9 @@ def measure(draws, small, groups_per_update, strategy=None, accumulate=True, see
     else:
         model.fit(x[order], y[order], batch_size=batch, shuffle=False, verbose=0, callbacks=[raw])
     np.testing.assert_array_equal(model.get_weights()[0], WEIGHTS[0])  # rate 0: fixed weights
+    if intervals is not None:
+        intervals.append(optimizer.noise_scale_estimator.interval_stats(reset=True))
+        intervals.append(optimizer.noise_scale_estimator.interval_stats())
     return np.array(raw.values), list(indices)
 
 
@@ -255,6 +261,35 @@ def test_micro_batches_on_one_device_match_brute_force():
     estimates, groups = measure(DRAWS, small=4, groups_per_update=4)
     difference, z = compare(estimates, groups)
     assert difference < 1e-4 and z < Z, (difference, z)
+
+
+def test_the_interval_sums_hold_the_raw_estimates_since_their_reset():
+    """B_simple of the interval is the ratio of the raw estimates' means, its
+    error the delta method's (numpy, float64); a reset empties the sums."""
+    intervals = []
+    estimates, _ = measure(40, small=4, groups_per_update=2, intervals=intervals)
+    found, after_reset = intervals
+    g, t = estimates[:, 0].astype("float64"), estimates[:, 1].astype("float64")
+    scale = t.mean() / g.mean()
+    error = math.sqrt(np.sum((t - scale * g) ** 2) / (40 * 39)) / g.mean()
+    assert found["count"] == 40
+    np.testing.assert_allclose(
+        [found["gradient_sq"], found["trace"], found["noise_scale"], found["standard_error"]],
+        [g.mean(), t.mean(), scale, error],
+        rtol=1e-4,
+    )
+    assert after_reset["count"] == 0 and math.isnan(after_reset["noise_scale"])
+
+
+def test_interval_noise_scale_of_known_sums():
+    g, t = np.array([1.0, 2.0, 3.0]), np.array([4.0, 3.0, 8.0])
+    sums = [3, g.sum(), t.sum(), g @ g, t @ t, g @ t]
+    found = noise_scale.interval_noise_scale(sums)
+    residual = t - (15.0 / 6.0) * g  # B = 15 / 6
+    assert found["noise_scale"] == 2.5 and found["count"] == 3
+    assert found["standard_error"] == pytest.approx(math.sqrt(residual @ residual / 6) / 2.0)
+    assert math.isnan(noise_scale.interval_noise_scale([1, -1.0, 2.0, 1, 4, -2])["noise_scale"])
+    assert math.isnan(noise_scale.interval_noise_scale([1, 1.0, 2.0, 1, 4, 2])["standard_error"])
 
 
 def test_replicas_under_mirrored_strategy_match_brute_force():
