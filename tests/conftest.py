@@ -55,10 +55,26 @@ requires_jax = pytest.mark.skipif(
 )
 
 from tests import tiers  # after the setup above: it imports the tools
+from tests import timing
+
+_TIMING_LINES = pytest.StashKey()
+_timing = None  # timing.Timing on the controller (or the only process)
+
+
+def pytest_addoption(parser):
+    parser.addoption(
+        "--timing-report",
+        metavar="FILE",
+        help="write the run's durations (per module, fixture and test) as Markdown "
+        "(tests/timing.py; the committed one is tests/durations.md)",
+    )
 
 
 def pytest_configure(config):
     tiers.unordered_units(config)
+    global _timing
+    if not hasattr(config, "workerinput"):  # the controller, or the only process
+        _timing = timing.Timing()
 
 
 @pytest.hookimpl(tryfirst=True)  # before -m deselects, and before xdist reads the groups
@@ -74,6 +90,41 @@ def pytest_xdist_node_collection_finished(node, ids):
         line = tiers.ungrouped(ids)
         if line:
             pytest.exit(line, returncode=pytest.ExitCode.USAGE_ERROR)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_fixture_setup(fixturedef, request):
+    return (yield from timing.fixture_timed(fixturedef, request))
+
+
+def pytest_runtest_logreport(report):
+    if _timing is not None:
+        _timing.record(report)
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_sessionfinish(session, exitstatus):
+    """The timing summary (tests/timing.py); a test far past the 20-second
+    rule and not listed in tiers.LONG_TESTS fails the run."""
+    if _timing is None:
+        return
+    lines, too_long = timing.finish(_timing, session.config, tiers.LONG_TESTS)
+    for nodeid, spent in too_long:
+        lines.append(
+            f"timing: FAILED: {nodeid} took {spent:.0f} s, past the cap of "
+            f"{timing.UNLISTED_FAIL_SECONDS:.0f} s for a test not in LONG_TESTS"
+        )
+    session.config.stash[_TIMING_LINES] = lines
+    if too_long and session.exitstatus == pytest.ExitCode.OK:
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+def pytest_terminal_summary(terminalreporter):
+    lines = terminalreporter.config.stash.get(_TIMING_LINES, [])
+    if lines:
+        terminalreporter.section("timing")
+        for line in lines:
+            terminalreporter.write_line(line)
 
 
 @pytest.hookimpl(wrapper=True)
