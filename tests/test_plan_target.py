@@ -7,6 +7,7 @@ The expected numbers are worked by hand from the equations."""
 
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -242,6 +243,58 @@ def test_the_fastest_and_the_cheapest():
     fastest, cheapest = tta.best(cells)
     assert (fastest.batch, fastest.devices) == (256, 4)  # 491 steps x 64.2 ms = 31.5 s
     assert (cheapest.batch, cheapest.devices) == (256, 1)  # 125.7 s on one: 0.0349 device-h
+
+
+def test_the_columns_are_the_devices_asked_for():
+    line = measured_step.StepLine(0.0, 0.001, ((64, 0.064, "run"),), (2,), "--from_run")
+    sweep = settings(**CUSTOM, target_devices="1,4")
+    assert tta.columns(sweep, line, frozenset({"devices"})) == (1, 4)  # a sweep asked for
+    options = settings(**CUSTOM)  # --devices=8
+    assert tta.columns(options, line, frozenset({"devices"})) == (8,)
+    assert tta.columns(options, line, frozenset()) == (2,)  # where the step was measured
+    assert tta.columns(options, None, frozenset()) == (8,)
+
+
+def test_the_table_stays_aligned_at_every_width():
+    # a 62 MB device: 16,384 images on one take 1,024 micro-batches ("... a1024")
+    options = settings(
+        model="simple_cnn",
+        image_size=28,
+        device_memory_gb=0.062,
+        global_batch_size=1,
+        target_batches="64,16384",
+        **ONE,
+    )
+    curve = target_curve.given_curve(100.0, 0.0, 1000.0)
+    cells = tta.grid(options, curve, (1,))
+    lines = tta._table(cells, curve, lambda c: f"{c.seconds:.0f}-seconds", "title")[1:]
+    assert lines[-1].endswith("-seconds a1024") and len({len(line) for line in lines}) == 1
+    # two spaces at least between columns, however wide their texts
+    fields = [re.split(r"\s{2,}", line.strip()) for line in lines]
+    assert [len(f) for f in fields] == [3, 3, 3] and fields[0] == ["batch", "S(B)", "1"]
+
+
+def test_a_studys_own_trials_time_its_host(tmp_path):
+    study = write_study(tmp_path / "study")
+
+    def trial(batch, steps, seconds, strategy="default"):
+        return {
+            "config": {"strategy": strategy, "num_processes": 1},
+            "row": {"optimizer": "lamb", "batch_size": batch, "steps": steps, "seconds": seconds},
+        }
+
+    # 50 ms a step at 32 (the median of three), 80 ms at 128: 40 ms + 0.3125 ms an image
+    trials = [trial(32, 100, 5.0), trial(32, 10, 0.4), trial(32, 20, 2.0), trial(128, 50, 4.0)]
+    path = os.path.join(study, "trials.jsonl")
+    with open(path, "w") as f:
+        f.write("\n".join(json.dumps(t) for t in trials) + "\n")
+    line = measured_step.study_host_line(study, "lamb", {32, 128})
+    assert [(b, d) for b, d, _ in line.points] == [(32, 0.05), (128, 0.08)]
+    assert line.fixed == pytest.approx(0.04) and line.per_image == pytest.approx(0.0003125)
+    assert line.devices == (1,)
+    with open(path, "a") as f:
+        f.write(json.dumps(trial(32, 10, 1.0, strategy="mirrored")) + "\n")
+    assert measured_step.study_host_line(study, "lamb", {32, 128}) is None  # several devices
 
 
 # --- measured runs -----------------------------------------------------------------------------
@@ -518,7 +571,7 @@ def test_the_planning_page_examples_are_what_the_planner_prints(tmp_path, monkey
     assert command.endswith("--from_run=/tmp/run64,/tmp/run512")
     runs = tuple(
         write_run(tmp_path / f"run{batch}", rate=rate, batch=batch)
-        for batch, rate in ((64, 629.65), (512, 394.46))
+        for batch, rate in ((64, 511.5), (512, 539.24))
     )
     text = tta.report(settings(**lars, from_run=runs), report.duration)
     shown, answers = printed.split("...\n", 1)[1].split("\n...\n")
