@@ -6,17 +6,21 @@ Trials are simulated (no training)."""
 
 import json
 import math
+import os
 import shutil
 
 import pytest
 from scipy.stats import qmc
 
 from keras_lars.tools import batch_study
+from keras_lars.tools.batch_study import noise_along
 from keras_lars.tools.batch_study import quasi_results
 from keras_lars.tools.batch_study import quasi_search
 from keras_lars.tools.batch_study import target_runner
 from keras_lars.tools.batch_study import target_search
 from keras_lars.tools.settings import ConfigError
+from keras_lars.tools.train import build
+from keras_lars.tools.train import saved_weights
 from tests.test_batch_study import parse
 from tests.test_batch_study import read_csv
 from tests.test_batch_study import read_json
@@ -251,6 +255,9 @@ def test_a_store_of_another_protocol_is_refused_in_one_line_and_left_as_it_is(
             "--warmup_fraction_range=0.1,1: both ends must be in [0, 1).",
         ),
         (["--trials=1"], "--trials=1: must be >= 2."),
+        (["--noise_batch_sizes=64"], "--noise_batch_sizes=64: 64 is not one of --batch_sizes="),
+        (["--noise_fractions=0,1.5"], "--noise_fractions=0,1.5: 1.5 is not a fraction in [0, 1]."),
+        (["--noise_groups=1"], "--noise_groups=1: must be >= 2."),
         (["--eval_fraction=0"], "--eval_fraction=0.0: must be in (0, 1]."),
         (["--momentum=0.8"], "--momentum: --search=quasi_random searches it per trial"),
         (["--rate_step=3"], "--rate_step: belongs to --search=grid, not --search=quasi_random."),
@@ -264,3 +271,101 @@ def test_bad_quasi_random_flags_are_one_line_naming_the_flag(argv, line):
     assert str(raised.value).startswith(line), str(raised.value)
     with pytest.raises(ConfigError, match=r"^--trials: belongs to --search=quasi_random"):
         parse(*[a for a in QUASI if a != "--search=quasi_random"], "--trials=4")
+
+
+def test_the_noise_scale_is_measured_at_fixed_weights_along_the_best_run(tmp_path, monkeypatch):
+    # Trial i reaches the goal in 40 + 10 i steps: trial 0 is the best (40
+    # steps), so its rerun saves weights at 0, 10, 20 and 40 steps. The rerun
+    # is simulated (a fresh model's weights, the same at every point); the
+    # measurement is real.
+    monkeypatch.setattr(target_runner, "run_trial", quasi_run(lambda t: 40 + 10 * t.rate_step))
+    reruns = []
+
+    def train_weights(t, steps):
+        reruns.append((t.optimizer, t.batch_size, t.rate_step, t.seed, sorted(steps)))
+        directory = f"{t.config.model_dir}-weights"
+        model = build.create_model(t.config, 10)
+        for step in steps:
+            path = saved_weights.weights_path(directory, step)
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            model.save_weights(path)
+        return directory
+
+    monkeypatch.setattr(noise_along, "train_weights", train_weights)
+    args = [
+        *QUASI,
+        "--optimizers=lars",
+        "--batch_sizes=64,128",
+        "--trials=2",
+        "--seeds=1",
+        "--noise_batch_sizes=128",
+        "--noise_fractions=0,0.25,0.5,1",
+        "--noise_micro_batch_size=4",
+        "--noise_micro_batches=2",
+        "--noise_groups=3",
+        f"--study_dir={tmp_path}",
+    ]
+    batch_study.run_target_study(parse(*args))
+    assert reruns == [("lars", 128, 0, 0, [0, 10, 20, 40])]
+    found = read_csv(tmp_path / "noise_scales.csv")
+    assert [(r["fraction"], r["step"], r["steps_to_goal"]) for r in found] == [
+        ("0.0", "0", "40"),
+        ("0.25", "10", "40"),
+        ("0.5", "20", "40"),
+        ("1.0", "40", "40"),
+    ]
+    for r in found:
+        assert (r["small_batch"], r["big_batch"], r["groups"]) == ("4", "8", "3")
+        low, scale, high = (float(r[k]) for k in ("low", "noise_scale", "high"))
+        assert low < scale < high and scale == pytest.approx(
+            float(r["trace"]) / float(r["gradient_sq"])
+        )
+    # Each point draws its own examples (seed: the step), at the same weights here.
+    assert len({r["noise_scale"] for r in found}) == 4
+    # A rerun measures nothing again.
+    reruns.clear()
+    batch_study.run_target_study(parse(*args))
+    assert reruns == [] and read_csv(tmp_path / "noise_scales.csv") == found
+
+
+def test_a_tiny_quasi_random_study_trains_end_to_end(tmp_path):
+    # Real trials on 256 digits at 8x8 with 64 more held out as the validation
+    # split: two trials, a seed at the best and its rerun with the noise scale.
+    # A goal below chance: every trial reaches it at its first evaluation.
+    args = [
+        *QUASI,
+        "--target_accuracy=0.01",
+        "--optimizers=nesterov",
+        "--batch_sizes=64",
+        "--train_examples=256",
+        "--eval_examples=64",
+        "--validation_examples=64",
+        "--budget_epochs=2",
+        "--min_budget_steps=4",
+        "--trials=2",
+        "--seeds=1",
+        "--noise_batch_sizes=64",
+        "--noise_fractions=0,1",
+        "--noise_micro_batch_size=4",
+        "--noise_micro_batches=2",
+        "--noise_groups=2",
+        f"--study_dir={tmp_path}",
+    ]
+    rows, trained = batch_study.run_target_study(parse(*args))
+    search = [r for r in rows if r["seed"] == 0]
+    assert len(search) == 2 and len(trained) == len(rows)
+    for r in rows:
+        assert r["eval_every_steps"] == 1  # floor(0.02 * 256 / 64) = 0: every step
+        assert (r["reached"], r["steps"]) == (True, 1) and 0 <= r["test_accuracy"] <= 1
+    assert [r["seed"] for r in rows] == [0, 0, 1]
+    noise = read_csv(tmp_path / "noise_scales.csv")
+    assert [(r["trial"], r["fraction"], r["step"]) for r in noise] == [
+        ("0", "0.0", "0"),
+        ("0", "1.0", "1"),
+    ]
+    assert sorted(p.name for p in tmp_path.glob("trials/*-weights/weights/*")) == [
+        "step-000000.weights.h5",
+        "step-000001.weights.h5",
+    ]
+    header = read_json(tmp_path / "trials.json")["study"]
+    assert (header["validation_examples"], header["train_examples"]) == (64, 256)

@@ -6,6 +6,7 @@ Runs in this process: Shallue et al.'s simple CNN with LAMB on 256 digits at
 
 import json
 
+import numpy as np
 import pytest
 
 from keras_lars.tools import checkpoints
@@ -140,7 +141,11 @@ def test_with_a_validation_split_the_target_is_read_there_and_the_test_at_the_ta
     # the test split (its first 64) is evaluated once, at the target.
     model_dir = tmp_path / "run"
     config, summary = run(
-        model_dir, eval_every_steps=2, target_accuracy=0.01, validation_examples=64
+        model_dir,
+        eval_every_steps=2,
+        target_accuracy=0.01,
+        validation_examples=64,
+        save_weights_at_steps=("0", "2", "5"),
     )
     found = summary["target"]
     assert (found["reached"], found["step"], len(summary["evaluations"])) == (True, 2, 1)
@@ -158,6 +163,17 @@ def test_with_a_validation_split_the_target_is_read_there_and_the_test_at_the_ta
     )
     validation = model.evaluate(data.eval(32), verbose=0, return_dict=True)
     assert found["val_accuracy"] == pytest.approx(validation["accuracy"], rel=1e-5)
+    # --save_weights_at_steps: the weights before training and at the stop (step 5
+    # never came); the latter are the checkpoint's.
+    saved = sorted(p.name for p in (model_dir / "weights").iterdir())
+    assert saved == ["step-000000.weights.h5", "step-000002.weights.h5"]
+    at_stop = build.create_model(config, data.info.num_classes)
+    at_stop.load_weights(model_dir / "weights" / "step-000002.weights.h5")
+    for mine, theirs in zip(at_stop.get_weights(), model.get_weights(), strict=True):
+        np.testing.assert_array_equal(mine, theirs)
+    initial = build.create_model(config, data.info.num_classes)
+    initial.load_weights(model_dir / "weights" / "step-000000.weights.h5")
+    assert not np.array_equal(initial.get_weights()[0], model.get_weights()[0])
 
 
 @pytest.mark.parametrize(
@@ -170,6 +186,10 @@ def test_with_a_validation_split_the_target_is_read_there_and_the_test_at_the_ta
             "--target_accuracy=0.9: needs --eval (it is read on the evaluation split).",
         ),
         ({"eval_every_steps": -1}, "--eval_every_steps=-1: must be >= 0."),
+        (
+            {"save_weights_at_steps": ("0", "-2")},
+            "--save_weights_at_steps=0,-2: '-2' is not a step (an integer >= 0).",
+        ),
         (
             {"target_accuracy": 0.9, "collapse_patience": -1},
             "--collapse_patience=-1: must be >= 0, and it needs --target_accuracy.",

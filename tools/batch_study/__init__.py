@@ -78,6 +78,7 @@ The parts, each using only those above it:
     runner       run_cell, run_study
     target_search, target_results   the steps-to-target mode's grid search and its outputs
     quasi_search, quasi_results     its quasi-random search (--search=quasi_random)
+    noise_along                     B_simple at fixed weights along the best trials' runs
     target_runner                   run_target_study: either search, trial by trial
     cli          define_flags, study_from_flags, main, run (keras-lars-study)
 
@@ -123,6 +124,7 @@ _SUBMODULES = (
     "cell_store",
     "cells",
     "cli",
+    "noise_along",
     "precise_bn",
     "quasi_results",
     "quasi_search",

@@ -60,6 +60,11 @@ QUASI_ONLY = (
     "search_seed",
     "eval_fraction",
     "target_examples_floor",
+    "noise_batch_sizes",
+    "noise_fractions",
+    "noise_micro_batch_size",
+    "noise_micro_batches",
+    "noise_groups",
 )
 
 
@@ -234,6 +239,19 @@ def _targets_problem(entries):
     return None
 
 
+def _fractions_problem(entries):
+    if not entries:
+        return "name at least one fraction"
+    for entry in entries:
+        try:
+            value = float(entry)
+        except ValueError:
+            return f"{entry!r} is not a number"
+        if not 0 <= value <= 1:
+            return f"{entry} is not a fraction in [0, 1]"
+    return None
+
+
 def _optimizers_problem(names, config):
     if not names:
         return "name at least one optimizer"
@@ -349,6 +367,38 @@ class StudySettings:
         "fitted too (robustness.csv, beside the goal's), from the search trials' evaluations: "
         "at each, the first evaluation at which any trial reached it.",
         check=lambda entries, config: _targets_problem(entries),
+    )
+    noise_batch_sizes: tuple = setting(
+        (),
+        "steps_to_target --search=quasi_random: at these batches (of --batch_sizes) each "
+        "optimizer's best trial trains once more, saving its weights at --noise_fractions of "
+        "its steps to the goal, and the gradient noise scale B_simple is measured at each, at "
+        "fixed weights on the training images (keras_lars.measure_noise_scale): "
+        "noise_scales.csv. Empty: not measured.",
+        check=lambda entries, config: _batch_sizes_problem(entries, config) if entries else None,
+    )
+    noise_fractions: tuple = setting(
+        ("0", "0.25", "0.5", "0.75", "1"),
+        "steps_to_target: the points of the run (fractions of the steps to the goal) where "
+        "--noise_batch_sizes measures B_simple.",
+        check=lambda entries, config: _fractions_problem(entries),
+    )
+    noise_micro_batch_size: int = setting(
+        64,
+        "steps_to_target: B_small of the noise scale at fixed weights (the big batch is "
+        "--noise_micro_batches of them).",
+        check=at_least(1),
+    )
+    noise_micro_batches: int = setting(
+        8,
+        "steps_to_target: B_big / B_small of the noise scale at fixed weights.",
+        check=at_least(2),
+    )
+    noise_groups: int = setting(
+        32,
+        "steps_to_target: the noise scale's groups of --noise_micro_batches micro-batches at "
+        "each point (the jackknife's samples: its 95% interval).",
+        check=at_least(2),
     )
     budget_epochs: float = setting(
         10.0,
@@ -484,6 +534,11 @@ class TargetSearch:
     eval_fraction: float = 0.02
     target_examples_floor: int = 0  # 0: one epoch
     robustness_targets: tuple = ()  # floats below the goal
+    noise_batch_sizes: tuple = ()  # quasi_random: ints and/or FULL
+    noise_fractions: tuple = ()  # floats in [0, 1]
+    noise_micro_batch_size: int = 64
+    noise_micro_batches: int = 8
+    noise_groups: int = 32
 
     def protocol(self, shared):
         """What makes a store's trials one study's (check_protocol): the
@@ -578,7 +633,7 @@ def _target_search(own, shared, given):
             f"--noise_scale_batch_size={noise}: not one of --batch_sizes="
             f"{','.join(own.batch_sizes)} (it runs at a batch's chosen rate)."
         )
-    for flag in ("seed_batch_sizes", "untuned_batch_sizes"):
+    for flag in ("seed_batch_sizes", "untuned_batch_sizes", "noise_batch_sizes"):
         strays = [b for b in getattr(own, flag) if b not in own.batch_sizes]
         if strays:
             raise ConfigError(
@@ -625,4 +680,9 @@ def _target_search(own, shared, given):
         own.eval_fraction,
         own.target_examples_floor,
         tuple(sorted(float(t) for t in own.robustness_targets)),
+        tuple(map(batch_entry, own.noise_batch_sizes)),
+        tuple(sorted({float(f) for f in own.noise_fractions})),
+        own.noise_micro_batch_size,
+        own.noise_micro_batches,
+        own.noise_groups,
     )

@@ -209,6 +209,8 @@ def study_header(study, config, num_train):
             eval_fraction=search.eval_fraction,
             target_examples_floor=search.target_examples_floor or num_train,
             robustness_targets=list(search.robustness_targets),
+            noise_batch_sizes=list(search.noise_batch_sizes),
+            noise_fractions=list(search.noise_fractions),
         )
     found.update(weight_decay=config.weight_decay, end_learning_rate=config.end_learning_rate)
     return {"study": found}

@@ -23,6 +23,7 @@ from keras_lars.tools import train
 from keras_lars.tools.batch_study.cell_store import append_record
 from keras_lars.tools.batch_study.cell_store import load_store
 from keras_lars.tools.batch_study.cells import resolve_batch_sizes
+from keras_lars.tools.batch_study.noise_along import measure_along
 from keras_lars.tools.batch_study.quasi_results import write_quasi_outputs
 from keras_lars.tools.batch_study.quasi_search import best_trial
 from keras_lars.tools.batch_study.quasi_search import quasi_trial
@@ -354,6 +355,8 @@ def _run(study, preemption):
 
     walk_plan(study, batches, num_train, row_of, warn=lambda line: print(line, flush=True))
     write_outputs(study, seen, records, num_train)
+    if quasi and study.search.noise_batch_sizes:
+        measure_along(study, seen, records, num_train, data)
     print(
         f"study: {len(trained)} trial(s) trained, {len(seen) - len(trained)} found done; "
         f"tables and plot in {study.study_dir}",

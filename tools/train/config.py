@@ -423,6 +423,16 @@ class Config:
         check=at_least(0),
         resumable=True,
     )
+    save_weights_at_steps: tuple = setting(
+        (),
+        "Also save the model's weights after these optimizer steps (0: before the first) as "
+        "weights/step-<n>.weights.h5 in --model_dir, kept (unlike the checkpoints): for "
+        "measurements at fixed weights, e.g. keras_lars.measure_noise_scale. Empty: none.",
+        check=lambda value, c: next(
+            (f"{v!r} is not a step (an integer >= 0)" for v in value if not str(v).isdigit()), None
+        ),
+        resumable=True,
+    )
     checkpoint_every_minutes: float = setting(
         0.0,
         "If > 0, also checkpoint within epochs once that many minutes have passed since "

@@ -30,6 +30,7 @@ from keras_lars.tools.train.length import run_length
 from keras_lars.tools.train.preemption import Preempted
 from keras_lars.tools.train.preemption import Preemption
 from keras_lars.tools.train.runtime import runtime_class
+from keras_lars.tools.train.saved_weights import SavedWeights
 
 
 class Diverged(Exception):
@@ -330,4 +331,7 @@ def make_callbacks(run, schedule, state):
         found.insert(0, keras_lars.DivergenceGuard())
     if keras_lars.distribute.is_chief(run.runtime.strategy):  # only the chief writes logs
         found += run_callbacks.log_writers(config)
+        if config.save_weights_at_steps:  # after the counter, before a target's stop
+            saved = SavedWeights(counter, config.save_weights_at_steps, config.model_dir)
+            found.insert(found.index(counter) + 1, saved)
     return found
