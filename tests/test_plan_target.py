@@ -406,6 +406,12 @@ def test_the_report_from_a_study_and_a_run(tmp_path):
         "the target are simple_cnn's at 28: another model's curve; plan simple_cnn (leave out "
         "--model), or give --target_from_other_model to time this curve for it anyway."
     )
+    with pytest.raises(ConfigError) as raised:  # the runs' model is the one timed
+        tta.report(settings(**dict(vars(options), model="resnet18")), report.duration, {"model"})
+    assert str(raised.value) == (
+        "--model=resnet18: the --from_run runs trained simple_cnn at 28, and the step is "
+        "theirs: leave out --model."
+    )
     asked = dict(vars(other), target_from_other_model=True)
     crossed = tta.report(settings(**asked), report.duration, frozenset({"model"})).splitlines()
     mismatch = "curve of simple_cnn at 28, timed for resnet18 at 32"

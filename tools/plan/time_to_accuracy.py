@@ -229,6 +229,12 @@ def planned(options, curve, given):
     if runs:
         model, image_size = measured_step.same_model(runs)
         origin = f"--from_run={runs[0].path}"
+        for name, value in (("model", model), ("image_size", image_size)):
+            if name in given and getattr(options, name) != value:
+                raise ConfigError(
+                    f"--{name}={getattr(options, name)}: the --from_run runs trained {model} "
+                    f"at {image_size}, and the step is theirs: leave out --{name}."
+                )
     elif {"model", "image_size"} & given or not curve.model:
         model, image_size, origin = options.model, options.image_size, "--model"
     else:
