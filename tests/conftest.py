@@ -77,6 +77,14 @@ def pytest_configure(config):
         _timing = timing.Timing()
 
 
+def pytest_ignore_collect(collection_path, config):
+    """`-m smoke` collects only the smoke tier's modules (tiers.SMOKE): importing
+    every other module would take most of its minute."""
+    if config.getoption("markexpr") == "smoke" and collection_path.suffix == ".py":
+        return collection_path.name.startswith("test_") and collection_path.name not in tiers.SMOKE
+    return None
+
+
 @pytest.hookimpl(tryfirst=True)  # before -m deselects, and before xdist reads the groups
 def pytest_collection_modifyitems(config, items):
     tiers.classify(items, requires_jax)

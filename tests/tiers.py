@@ -237,6 +237,9 @@ def _why_slow(item):
 # the machine loaded about 4x); of 1,406 s in all.
 _SHORT_RUNS = "train_data.short_run {} times in one test (ResNet-18 traced each time)"
 SLOW_IN_PROCESS = {
+    "test_train_adaptive.py::test_a_decision_changes_the_batch_and_a_rerun_from_its_checkpoint_"
+    "decides_alike": f"32 s alone (2026-12-07): {_SHORT_RUNS.format(2)}, each rebuilt at the "
+    "decided batch; the adaptive flags' refusals stay fast in the same module",
     "test_resume_mismatch.py::test_the_training_tool_resumes_from_the_checkpoint_before_another_"
     "runs_weights": f"87 s: {_SHORT_RUNS.format(3)}; the fallback from another run's weights "
     "file stays fast in test_another_runs_weights_file_falls_back_to_the_checkpoint_before",
@@ -275,6 +278,19 @@ SLOW_IN_PROCESS = {
     "test_optimizer_integration.py::test_keras_file_resume_continues_exactly[lamb]": (
         "18 s: [lars] stays fast"
     ),
+}
+
+
+# The smoke tier, `pytest -m smoke`: what a contributor runs before every
+# commit, in about a minute on 2 cores (CONTRIBUTING, "Tests"). The fast tests
+# of these modules, one room each, checked against independent references:
+SMOKE = {
+    "test_lars.py": "LARS against numpy from the paper's equations, every option",
+    "test_lamb.py": "LAMB against numpy from the paper's equations",
+    "test_schedules.py": "the warmup + polynomial-decay schedule's closed form",
+    "test_settings.py": "the tools' settings declarations, flags and config.json",
+    "test_plan.py": "the planner's arithmetic",
+    "test_timing.py": "the durations report",
 }
 
 
@@ -470,6 +486,7 @@ def classify(items, requires_jax):
     the skipif mark of the tests that need jax (on the JAX road)."""
     for item in items:
         item.add_marker(pytest.mark.xdist_group(_work_unit(item)))
+        smoke = SMOKE.get(os.path.basename(str(item.fspath)))
         independent = VERSION_INDEPENDENT.get(os.path.basename(str(item.fspath)))
         if independent:
             item.add_marker(pytest.mark.version_independent)
@@ -486,6 +503,8 @@ def classify(items, requires_jax):
             item.user_properties.append(("slow", why))
             if why.startswith("starts a process") and not item.get_closest_marker("subprocess"):
                 item.add_marker(pytest.mark.subprocess)
+        elif smoke:
+            item.add_marker(pytest.mark.smoke)
     items.sort(key=_order)  # stable: each unit's tests keep their order
 
 

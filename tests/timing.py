@@ -91,7 +91,7 @@ class Timing:
         worker = sum(self.tests.values())
         found = [
             f"timing: {len(self.tests)} tests, {worker:.0f} s of worker time, "
-            f"{wall:.0f} s wall ({len(set(self.workers.values()))} processes)",
+            f"{wall:.0f} s wall ({_processes(len(set(self.workers.values())))})",
             f"timing: the {top} longest tests (worker seconds, all phases):",
         ]
         found += [f"  {spent:7.1f}  {nodeid}" for nodeid, spent in self.longest(top)]
@@ -145,6 +145,10 @@ class Timing:
         ]
         out += [f"| {nodeid} | {spent:.1f} |" for nodeid, spent in self.longest() if spent > 5]
         return "\n".join(out) + "\n"
+
+
+def _processes(count):
+    return f"{count} process" + ("es" if count != 1 else "")
 
 
 def _module(nodeid):
