@@ -354,6 +354,7 @@ VERSION_INDEPENDENT = {
     "test_plan_pipeline.py": "the planner's pipeline arithmetic",
     "test_plan_records.py": "the planner's records and their sources",
     "test_plan_schedule.py": "the planner's phased-plan arithmetic",
+    "test_plan_untrusted.py": "the planner's reading of untrusted files (Python's json and os)",
     "test_docs.py": "the docs' links, examples and generated pages",
     "test_site.py": "the API reference's pages against __all__ (source read, not run)",
     "test_import_graph.py": "the import graph of the sources, read, not imported",
