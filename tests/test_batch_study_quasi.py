@@ -237,6 +237,16 @@ def test_a_store_of_another_protocol_is_refused_in_one_line_and_left_as_it_is(
     ):
         batch_study.run_target_study(parse(*args, f"--study_dir={old}"))
     assert sorted(p.name for p in old.iterdir()) == before
+    # A search space whose low rate is below the end rate: refused before any trial.
+    low = [*args, "--optimizers=adam", f"--study_dir={tmp_path / 'low'}"]
+    with pytest.raises(ConfigError) as raised:
+        batch_study.run_target_study(parse(*low))
+    assert str(raised.value) == (
+        "--rate_range=0.1,10: its low end gives adam at batch 64 the peak rate 5e-05, below "
+        "--end_learning_rate=0.0001; raise the range or the optimizer's --base_learning_rates, "
+        "or lower --end_learning_rate."
+    )
+    assert not (tmp_path / "low").exists()
 
 
 @pytest.mark.parametrize(
@@ -329,13 +339,15 @@ def test_the_noise_scale_is_measured_at_fixed_weights_along_the_best_run(tmp_pat
 
 
 def test_a_tiny_quasi_random_study_trains_end_to_end(tmp_path):
-    # Real trials on 256 digits at 8x8 with 64 more held out as the validation
-    # split: two trials, a seed at the best and its rerun with the noise scale.
+    # Real trials of Adam on 256 digits at 8x8 with 64 more held out as the
+    # validation split: two trials, a seed at the best and its rerun with the
+    # noise scale.
     # A goal below chance: every trial reaches it at its first evaluation.
     args = [
         *QUASI,
         "--target_accuracy=0.01",
-        "--optimizers=nesterov",
+        "--optimizers=adam",
+        "--end_learning_rate=0.00001",
         "--batch_sizes=64",
         "--train_examples=256",
         "--eval_examples=64",

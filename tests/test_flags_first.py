@@ -97,7 +97,7 @@ def test_a_bad_flag_answers_before_keras_loads(script, module, bad_value, line, 
     [
         (
             "--optimizer=adamw",
-            "error: flag --optimizer=adamw: value should be one of <lars|lamb|sgd|nesterov>.",
+            "error: flag --optimizer=adamw: value should be one of <lars|lamb|sgd|nesterov|adam>.",
         ),
         (
             "--global_batch_size=many",

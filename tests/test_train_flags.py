@@ -119,6 +119,20 @@ def test_sgd_is_momentum_sgd_with_coupled_weight_decay():
     )
 
 
+def test_adam_is_lambs_update_without_its_trust_ratio():
+    # One step from w with gradient g: m_hat = g, v_hat = g^2, so
+    # w' = w - lr * (g / (|g| + eps) + wd * w), AdamW's decoupled decay, whatever
+    # w's norm (LAMB would scale the update by |w| / |update|).
+    config = train.Config(optimizer="adam", weight_decay=0.1, momentum=0.8)
+    optimizer = train.create_optimizer(config, 0.5)
+    assert (optimizer.name, optimizer.beta_1) == ("adam", 0.8)
+    w = keras.Variable(np.array([[3.0, 4.0]], np.float32))
+    g = np.array([[1.0, -2.0]], np.float32)
+    optimizer.apply([g], [w])
+    update = g / (np.abs(g) + optimizer.epsilon) + 0.1 * np.array([[3.0, 4.0]])
+    np.testing.assert_allclose(w.numpy(), [[3.0, 4.0]] - 0.5 * update, rtol=1e-6)
+
+
 def test_global_batch_must_divide_between_replicas(monkeypatch, tmp_path):
     monkeypatch.setattr(
         train_runtime,

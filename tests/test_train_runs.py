@@ -185,7 +185,11 @@ def _bad_inputs(tmp_path, finished_model_dir):
     finished = f"--model_dir={finished_model_dir}"
     return {
         "model": (["--model=vgg16"], "--model=vgg16", "resnet18|resnet34"),
-        "optimizer": (["--optimizer=adam"], "--optimizer=adam", "lars|lamb|sgd|nesterov"),
+        "optimizer": (
+            ["--optimizer=adagrad"],
+            "--optimizer=adagrad",
+            "lars|lamb|sgd|nesterov|adam",
+        ),
         "strategy": (
             ["--strategy=horovod"],
             "--strategy=horovod",

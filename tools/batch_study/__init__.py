@@ -24,6 +24,8 @@ Defaults (--base_learning_rates, --lr_scaling): momentum SGD and Nesterov 0.1
 per 256, linear (Goyal et al. 2017); LARS 2.5 per 256, linear; LAMB 0.01 per
 256, square root. Each is the best of candidates 4x apart in a one-seed probe
 at batch 128 on digits (README, "Large-batch study"); Nesterov takes SGD's.
+Adam (--optimizers=...,adam; not in the default list) takes 0.001 per 256,
+square root, unprobed.
 Nothing is tuned per batch size: the question is whether a rule chosen once
 holds as the batch grows.
 

@@ -37,6 +37,7 @@ from keras_lars.tools.batch_study.target_search import rule_rate
 from keras_lars.tools.batch_study.target_search import score
 from keras_lars.tools.batch_study.target_search import stopping_trial
 from keras_lars.tools.batch_study.target_search import trial_config
+from keras_lars.tools.settings import ConfigError
 
 DIMENSIONS = tuple(RANGES)  # rate, 1 - momentum, warmup fraction, budget
 
@@ -87,6 +88,23 @@ def quasi_trial(study, optimizer, batch_size, index, seed, num_train, point=None
     )
     searched = (("momentum", config.momentum), ("warmup_fraction", warmup))
     return stopping_trial(study, optimizer, batch_size, index, seed, config, searched=searched)
+
+
+def check_space(study, batches):
+    """ConfigError naming --rate_range when its low end puts an optimizer's
+    peak rate at one of `batches` below --end_learning_rate (the schedule
+    would rise to its end)."""
+    low, end = study.search.ranges["rate_range"][0], study.shared.end_learning_rate
+    for optimizer in study.optimizers:
+        for batch in batches:
+            peak = rule_rate(study, optimizer, batch) * low
+            if peak < end:
+                shown = ",".join(f"{v:g}" for v in study.search.ranges["rate_range"])
+                raise ConfigError(
+                    f"--rate_range={shown}: its low end gives {optimizer} at batch {batch} the "
+                    f"peak rate {peak:.4g}, below --end_learning_rate={end:g}; raise the range "
+                    "or the optimizer's --base_learning_rates, or lower --end_learning_rate."
+                )
 
 
 def best_trial(rows):

@@ -23,8 +23,15 @@ from keras_lars.tools.settings import at_least
 from keras_lars.tools.settings import between
 from keras_lars.tools.settings import setting
 
-DEFAULT_RATES = {"sgd": 0.1, "nesterov": 0.1, "lars": 2.5, "lamb": 0.01}
-DEFAULT_SCALING = {"sgd": "linear", "nesterov": "linear", "lars": "linear", "lamb": "sqrt"}
+DEFAULT_RATES = {"sgd": 0.1, "nesterov": 0.1, "lars": 2.5, "lamb": 0.01, "adam": 0.001}
+DEFAULT_SCALING = {
+    "sgd": "linear",
+    "nesterov": "linear",
+    "lars": "linear",
+    "lamb": "sqrt",
+    "adam": "sqrt",
+}
+DEFAULT_OPTIMIZERS = ("sgd", "nesterov", "lars", "lamb")
 # The study's defaults for settings of the training tool.
 STUDY_DEFAULTS = {"train_epochs": 10, "warmup_epochs": 2.0}
 DIGITS_IMAGE_SIZE = 16
@@ -265,7 +272,7 @@ class StudySettings:
     """The study's own settings (its other flags are the training tool's)."""
 
     optimizers: tuple = setting(
-        tuple(DEFAULT_RATES),
+        DEFAULT_OPTIMIZERS,
         "Optimizers to compare.",
         choices=train.OPTIMIZERS,
         check=_optimizers_problem,

@@ -245,7 +245,7 @@ def write_target_outputs(study, trials, records, num_train):
     plot(summary, fits, noise, os.path.join(directory, "steps_to_target.png"), title)
 
 
-TITLES = {"sgd": "SGD", "nesterov": "Nesterov", "lars": "LARS", "lamb": "LAMB"}
+TITLES = {"sgd": "SGD", "nesterov": "Nesterov", "lars": "LARS", "lamb": "LAMB", "adam": "Adam"}
 DASH = "\N{EN DASH}"  # of a range, in the Markdown tables
 
 

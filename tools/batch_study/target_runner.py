@@ -26,6 +26,7 @@ from keras_lars.tools.batch_study.cells import resolve_batch_sizes
 from keras_lars.tools.batch_study.noise_along import measure_along
 from keras_lars.tools.batch_study.quasi_results import write_quasi_outputs
 from keras_lars.tools.batch_study.quasi_search import best_trial
+from keras_lars.tools.batch_study.quasi_search import check_space
 from keras_lars.tools.batch_study.quasi_search import quasi_trial
 from keras_lars.tools.batch_study.runner import train_logged
 from keras_lars.tools.batch_study.target_results import GRID_FIELDS
@@ -299,11 +300,13 @@ def _run(study, preemption):
     data = input_pipeline.load(study.shared)
     num_train = data.info.num_train
     batches = resolve_batch_sizes(study, num_train)
+    quasi = study.search.search == "quasi_random"
+    if quasi:
+        check_space(study, batches)
     os.makedirs(study.study_dir, exist_ok=True)
     path = os.path.join(study.study_dir, TRIALS_FILE)
     check_protocol(study, path)
     records = load_store(path, [f for f in TRIAL_FIELDS if f not in GRID_FIELDS])
-    quasi = study.search.search == "quasi_random"
     walk_plan = quasi_walk if quasi else walk
     write_outputs = write_quasi_outputs if quasi else write_target_outputs
     stored = []  # the trials of this plan the store holds, up to the first it lacks

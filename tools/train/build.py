@@ -21,7 +21,7 @@ def create_model(config, num_classes):
 
 
 def create_optimizer(config, schedule):
-    """LARS / LAMB / momentum SGD with coupled weight decay. Rank-1 variables
+    """LARS / LAMB / momentum SGD / Adam with LAMB's weight decay. Rank-1 variables
     (biases, batch norm) get no weight decay and no layer adaptation. With
     --gradient_accumulation_steps the optimizer accumulates (the schedule
     counts updates); with --noise_scale it measures B_simple at the batch of
@@ -33,7 +33,10 @@ def create_optimizer(config, schedule):
         else None,
         "noise_scale_batch_size": config.micro_batch_size if config.noise_scale else None,
     }
-    if config.optimizer == "lamb":
+    adam = config.optimizer == "adam"
+    if config.optimizer == "lamb" or adam:
+        # Adam is LAMB with every variable excluded from layer adaptation:
+        # w -= lr * (m_hat / (sqrt(v_hat) + eps) + wd * w), AdamW's decoupled decay.
         return keras_lars.LAMB(
             schedule,
             beta_1=config.momentum,
@@ -41,6 +44,7 @@ def create_optimizer(config, schedule):
             exclude_rank_one=True,
             record_trust_ratios=record,
             allreduce_dtype=config.allreduce_dtype,
+            **({"exclude_from_layer_adaptation": [".*"], "name": "adam"} if adam else {}),
             **shared,
         )
     # Momentum SGD is LARS with every variable excluded from layer adaptation:

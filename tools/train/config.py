@@ -32,7 +32,7 @@ from keras_lars.tools.train.cluster import PORTS_PER_JOB
 from keras_lars.validation import ALLREDUCE_DTYPES
 
 MODELS = models.NAMES
-OPTIMIZERS = ("lars", "lamb", "sgd", "nesterov")
+OPTIMIZERS = ("lars", "lamb", "sgd", "nesterov", "adam")
 STRATEGIES = ("default", "mirrored", "multi_worker", "tpu")
 BACKENDS = ("tensorflow", "jax")
 DISTRIBUTIONS = ("none", "data_parallel", "model_parallel")
@@ -143,7 +143,9 @@ class Config:
     optimizer: str = setting(
         "lars",
         "lars: keras_lars.LARS; lamb: keras_lars.LAMB; sgd / nesterov: momentum "
-        "SGD with the same coupled weight decay (LARS with layer adaptation off).",
+        "SGD with the same coupled weight decay (LARS with layer adaptation off); adam: "
+        "Adam with LAMB's decoupled weight decay, i.e. AdamW (LAMB with layer adaptation "
+        "off; --momentum is its beta_1).",
         choices=OPTIMIZERS,
     )
     global_batch_size: int = setting(
