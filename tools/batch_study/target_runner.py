@@ -305,8 +305,8 @@ def _run(study, preemption):
         check_space(study, batches)
     os.makedirs(study.study_dir, exist_ok=True)
     path = os.path.join(study.study_dir, TRIALS_FILE)
-    check_protocol(study, path)
     records = load_store(path, [f for f in TRIAL_FIELDS if f not in GRID_FIELDS])
+    check_protocol(study, path)  # after the store is known usable: nothing written before
     walk_plan = quasi_walk if quasi else walk
     write_outputs = write_quasi_outputs if quasi else write_target_outputs
     stored = []  # the trials of this plan the store holds, up to the first it lacks
