@@ -79,17 +79,21 @@ class AdaptiveBatchSize(keras.callbacks.Callback):
     B_simple of the updates since its last decision, with its standard error
     (`keras_lars.noise_scale.interval_noise_scale`), and decides; `decisions`
     lists each as a dict (step, noise_scale, standard_error, measurements,
-    batch_size, rate_factor), `batch_size` and `rate_factor` hold the latest.
+    batch_size, rate_factor), `batch_size` and `rate_factor` hold the latest,
+    `epochs_done` the epochs ended so far.
     A plain learning rate becomes base rate x factor at once; with a
     `LearningRateSchedule` multiply it by `rate_factor` yourself. A fit
-    cannot change its batch: when the batch changes the callback stops the
-    fit (`model.stop_training`), and you fit again at `batch_size`:
+    cannot change its batch: when the batch changes the callback sets the
+    optimizer's noise-scale batch to it (divided by the
+    `gradient_accumulation_steps` k), drops the traced train step and stops
+    the fit (`model.stop_training`), and you fit again at the new batch
+    (`batch_size` / k a step; give `multiple_of` a multiple of k):
 
         controller = keras_lars.AdaptiveBatchSize(64, 64, 1024, every_epochs=1)
-        while epoch < epochs:
-            model.fit(x, y, batch_size=controller.batch_size, initial_epoch=epoch,
-                      epochs=epochs, callbacks=[controller])
-            epoch = controller.epochs_done
+        while controller.epochs_done < epochs:
+            model.fit(x, y, batch_size=controller.batch_size,
+                      initial_epoch=controller.epochs_done, epochs=epochs,
+                      callbacks=[controller])
 
     `get_state()` / `set_state()` carry the decisions across a restart
     (checkpoint them with the model), so that a resumed run decides alike.
@@ -260,4 +264,7 @@ class AdaptiveBatchSize(keras.callbacks.Callback):
             current = float(keras.ops.convert_to_numpy(rate))
             rate.assign(current / before_factor * self.rate_factor)
         if self.batch_size != before_batch:
+            accumulation = optimizer.gradient_accumulation_steps or 1
+            optimizer.noise_scale_estimator.batch_size = self.batch_size // accumulation
+            self.model.train_function = None  # traced anew for the new batch
             self.model.stop_training = True

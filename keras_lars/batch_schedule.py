@@ -166,6 +166,9 @@ class EpochWarmupPolyDecay(keras.optimizers.schedules.LearningRateSchedule):
         scale, linear:  lr(s) = f * B_k / B_ref      (Goyal et al. 2017)
         scale, sqrt:    lr(s) = f * sqrt(B_k / B_ref)  (You et al. 2020)
 
+    and `rate_factors` (a factor c_k per phase, e.g. `keras_lars.AdaptiveBatchSize`'s
+    decisions) gives lr(s) = f * c_k in place of either rule.
+
     "grow" keeps the rate where the batch grows: growth replaces decay, and
     the rate decays only as f does (end_learning_rate = peak_learning_rate
     holds it constant after warmup, as in "Don't decay the learning rate,
@@ -189,6 +192,8 @@ class EpochWarmupPolyDecay(keras.optimizers.schedules.LearningRateSchedule):
         coupling: "grow" or "scale".
         scaling_rule: "linear" or "sqrt" (used by "scale").
         reference_batch_size: int >= 1, B_ref; None: the first phase's batch.
+        rate_factors: None, or one finite factor >= 0 per phase (overrides
+            `coupling`).
         name: optional name.
     """
 
@@ -205,6 +210,7 @@ class EpochWarmupPolyDecay(keras.optimizers.schedules.LearningRateSchedule):
         coupling="grow",
         scaling_rule="linear",
         reference_batch_size=None,
+        rate_factors=None,
         name="epoch_warmup_poly_decay",
     ):
         if isinstance(batch_schedule, dict):
@@ -243,10 +249,23 @@ class EpochWarmupPolyDecay(keras.optimizers.schedules.LearningRateSchedule):
                 "reference_batch_size", reference_batch_size, at_least=1
             )
         self.reference_batch_size = reference_batch_size
+        if rate_factors is not None:
+            if len(rate_factors) != len(batch_schedule.phases):
+                raise ValueError(
+                    f"`rate_factors` must hold one factor per phase ({len(batch_schedule.phases)}),"
+                    f" received {rate_factors!r}."
+                )
+            rate_factors = tuple(
+                check_number("rate_factors", factor, at_least=0.0) for factor in rate_factors
+            )
+        self.rate_factors = rate_factors
         self.name = name
 
     def batch_factors(self):
-        """The factor of each phase: 1 under "grow", else B_k / B_ref or its root."""
+        """The factor of each phase: `rate_factors`, else 1 under "grow",
+        else B_k / B_ref or its root."""
+        if self.rate_factors is not None:
+            return self.rate_factors
         if self.coupling == "grow":
             return tuple(1.0 for _ in self.batch_schedule.phases)
         reference = self.reference_batch_size or self.batch_schedule.phases[0].global_batch_size
@@ -266,7 +285,7 @@ class EpochWarmupPolyDecay(keras.optimizers.schedules.LearningRateSchedule):
             self.start_learning_rate,
             self.power,
         )
-        if self.coupling == "grow":
+        if self.coupling == "grow" and self.rate_factors is None:
             return rate
         return rate * schedule.phase_value(step, self.batch_factors(), examples)
 
@@ -283,5 +302,6 @@ class EpochWarmupPolyDecay(keras.optimizers.schedules.LearningRateSchedule):
             "coupling": self.coupling,
             "scaling_rule": self.scaling_rule,
             "reference_batch_size": self.reference_batch_size,
+            "rate_factors": None if self.rate_factors is None else list(self.rate_factors),
             "name": self.name,
         }

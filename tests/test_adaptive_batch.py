@@ -138,6 +138,8 @@ def test_in_fit_it_decides_from_the_interval_sets_the_rate_and_stops_at_a_new_ba
     assert int(optimizer.iterations) == last["step"]  # stopped there
     assert float(keras.ops.convert_to_numpy(optimizer.learning_rate)) == pytest.approx(0.4)
     assert optimizer.noise_scale_estimator.interval_stats()["count"] == 0  # reset
+    assert optimizer.noise_scale_estimator.batch_size == 16  # 32 in 2 micro-batches
+    assert model.train_function is None  # traced anew at the next fit
 
 
 def test_an_optimizer_without_the_noise_scale_is_refused():

@@ -138,6 +138,18 @@ def test_rate_at_every_step_matches_the_closed_form(rule):
     np.testing.assert_array_max_ulp(rates, expected, maxulp=1)
 
 
+def test_rate_factors_scale_each_phase_of_the_grow_curve():
+    steps = np.arange(0, 40)
+    factors = (1.0, 1.75, 0.5)  # one a phase (keras_lars.AdaptiveBatchSize's decisions)
+    rates = _schedule(rate_factors=factors)(tf.constant(steps, tf.int64)).numpy()
+    grow = reference_rates(steps, PHASES, N, CURVE)
+    phase = np.searchsorted(STARTS, steps, side="right") - 1
+    np.testing.assert_array_max_ulp(rates, grow * np.float32(factors)[phase], maxulp=1)
+    config = _schedule(rate_factors=factors).get_config()
+    assert config["rate_factors"] == list(factors)
+    assert EpochWarmupPolyDecay.from_config(config).rate_factors == factors
+
+
 def test_warmup_crosses_the_boundary_at_the_per_epoch_pace():
     rates = _schedule()(tf.range(0, 21)).numpy()
     # Epoch 2 (batch 16): each step is 1/4 epoch of warmup, before 1/8.
@@ -383,6 +395,8 @@ def test_a_batch_larger_than_the_data_is_refused_naming_the_phase():
         (dict(coupling="linear"), "coupling"),
         (dict(coupling="scale", scaling_rule="cubic"), "scaling_rule"),
         (dict(reference_batch_size=0), "reference_batch_size"),
+        (dict(rate_factors=(1.0, 2.0)), "rate_factors"),
+        (dict(rate_factors=(1.0, 2.0, -1.0)), "rate_factors"),
     ],
 )
 def test_bad_rate_schedule_arguments(kwargs, culprit):

@@ -29,6 +29,7 @@ ends with the same result as an uninterrupted run.
     loop.py                Run (what the rooms share), fit, rollback on divergence
     run_callbacks.py       step counter, dropout reseeding, throughput, progress, logs
     checkpoint_callback.py checkpoints at epoch ends, on request and on preemption
+    adaptive.py            --adaptive_batch: the batch decided from the measured noise scale
     preemption.py          signals, exit 75, lost peers
     model_dir.py           config.json, checkpoint names, summary.json, the lock
 

@@ -31,7 +31,9 @@ def create_optimizer(config, schedule):
         "gradient_accumulation_steps": config.gradient_accumulation_steps
         if config.gradient_accumulation_steps > 1
         else None,
-        "noise_scale_batch_size": config.micro_batch_size if config.noise_scale else None,
+        "noise_scale_batch_size": config.micro_batch_size
+        if config.noise_scale or config.adaptive_batch != "off"
+        else None,
     }
     adam = config.optimizer == "adam"
     if config.optimizer == "lamb" or adam:
@@ -111,15 +113,18 @@ def compiled_model(config, num_classes, schedule):
     return model
 
 
-def learning_rate_schedule(config, length, num_train, rate_factor=1.0):
+def learning_rate_schedule(config, length, num_train, rate_factor=1.0, phases=None):
     """Linear warmup to the peak rate, then quadratic decay to the end rate,
     the whole curve times `rate_factor` (after divergence rollbacks): in
     steps (WarmupPolyDecay), or under --batch_schedule / --image_size_schedule
-    in epochs done (EpochWarmupPolyDecay, --batch_coupling)."""
-    if config.batch_phases is not None:
+    in epochs done (EpochWarmupPolyDecay, --batch_coupling), or in the
+    `phases` (keras_lars.BatchSchedule, a rate factor each) that
+    --adaptive_batch decided."""
+    if config.batch_phases is not None or phases is not None:
         coupling = config.batch_coupling
+        schedule, factors = phases or (config.batch_phases, None)
         return keras_lars.EpochWarmupPolyDecay(
-            config.batch_phases,
+            schedule,
             num_train,
             config.peak_learning_rate * rate_factor,
             config.warmup_epochs,
@@ -128,6 +133,7 @@ def learning_rate_schedule(config, length, num_train, rate_factor=1.0):
             end_learning_rate=config.end_learning_rate * rate_factor,
             coupling="grow" if coupling == "grow" else "scale",
             scaling_rule="linear" if coupling == "grow" else coupling,
+            rate_factors=factors,
         )
     return keras_lars.WarmupPolyDecay(
         config.peak_learning_rate * rate_factor,

@@ -94,6 +94,52 @@ def _accumulation_problem(value, config):
     return None
 
 
+ADAPTIVE_BATCH = ("off", "adascale", "linear", "sqrt", "none")
+
+
+def _adaptive_problem(value, config):
+    """--adaptive_batch: TensorFlow, a noise-scale source, one batch flag, epochs."""
+    if value == "off":
+        return None
+    if config.backend != "tensorflow":
+        return f"runs on --backend=tensorflow, not {config.backend}"
+    if config.strategy == "default" and config.gradient_accumulation_steps == 1:
+        return (
+            "measures the noise scale from two gradient sizes: give "
+            "--gradient_accumulation_steps >= 2 on one device, or --strategy=mirrored / "
+            "multi_worker with >= 2 replicas"
+        )
+    if config.batch_schedule or config.image_size_schedule:
+        return "decides the batch itself: leave --batch_schedule and --image_size_schedule"
+    if config.steps_per_execution != 1:
+        return "needs --steps_per_execution=1 (the steps of an epoch change with the batch)"
+    if not config.adaptive_batch_max:
+        return "needs --adaptive_batch_max, the largest global batch to grow to"
+    return _counted_in_epochs(config)
+
+
+def _adaptive_bound(name):
+    """--adaptive_batch_min / _max: 0 (min: --global_batch_size) or a batch
+    that --gradient_accumulation_steps divides, min <= the start <= max."""
+
+    def problem(value, config):
+        if value < 0:
+            return "must be >= 0"
+        k = config.gradient_accumulation_steps
+        if value % k:
+            return f"is not divisible by --gradient_accumulation_steps={k}"
+        low, high = config.adaptive_batch_min, config.adaptive_batch_max
+        if name == "min" and high and low > high:
+            return f"exceeds --adaptive_batch_max={high}"
+        if name == "min" and low > config.global_batch_size:
+            return f"exceeds --global_batch_size={config.global_batch_size}, the batch to start at"
+        if name == "max" and value and value < config.global_batch_size:
+            return f"is below --global_batch_size={config.global_batch_size}, the batch to start at"
+        return None
+
+    return problem
+
+
 def _end_rate(value, config):
     """The end rate: >= 0 and at most the peak the schedule decays from."""
     problem = at_least(0)(value, config)
@@ -168,6 +214,43 @@ class Config:
         "replica's gradient and the all-reduced one, or from the micro-batches of "
         "--gradient_accumulation_steps (keras_lars.NoiseScaleMonitor): noise_scale, "
         "noise_scale_gradient_sq and noise_scale_trace in the history and TensorBoard.",
+    )
+    adaptive_batch: str = setting(
+        "off",
+        "Let the measured gradient noise scale set the global batch "
+        "(keras_lars.AdaptiveBatchSize): every --adaptive_batch_every_epochs epochs the batch "
+        "becomes --adaptive_batch_target x B_simple of those epochs, within "
+        "--adaptive_batch_min, --adaptive_batch_max and a factor --adaptive_batch_growth, and "
+        "the rate the schedule's times the rule named here: adascale: AdaScale's gain ratio; "
+        "linear / sqrt: B / --global_batch_size or its root; none: unchanged. Measured like "
+        "--noise_scale (replicas, or the micro-batches of --gradient_accumulation_steps, "
+        "whose number stays: the micro-batch grows with the batch).",
+        choices=ADAPTIVE_BATCH,
+        check=lambda value, c: _adaptive_problem(value, c),
+    )
+    adaptive_batch_every_epochs: int = setting(
+        1, "With --adaptive_batch: epochs between decisions.", check=at_least(1)
+    )
+    adaptive_batch_min: int = setting(
+        0,
+        "With --adaptive_batch: the smallest global batch (0: --global_batch_size).",
+        check=lambda value, c: _adaptive_bound("min")(value, c),
+    )
+    adaptive_batch_max: int = setting(
+        0,
+        "With --adaptive_batch: the largest global batch (the device memory bounds it: at "
+        "most what fits, times --gradient_accumulation_steps, times the replicas).",
+        check=lambda value, c: _adaptive_bound("max")(value, c),
+    )
+    adaptive_batch_growth: float = setting(
+        2.0,
+        "With --adaptive_batch: the most one decision changes the batch by, up or down.",
+        check=greater_than(1),
+    )
+    adaptive_batch_target: float = setting(
+        1.0,
+        "With --adaptive_batch: the target batch as a multiple of the measured B_simple.",
+        check=greater_than(0),
     )
     batch_schedule: str = _BATCH_SCHEDULE
     image_size_schedule: str = _IMAGE_SIZE_SCHEDULE

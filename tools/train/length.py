@@ -60,11 +60,13 @@ class RunLength:
         return min(self.steps_per_epoch, self.total_steps - epoch * self.steps_per_epoch)
 
 
-def run_length(config, num_train):
-    """The RunLength of `config` on `num_train` examples; a ConfigError names
-    the flag when the batch, --steps_per_execution or the warmup does not fit."""
-    if config.batch_phases is not None:
-        return _phased_length(config, num_train)
+def run_length(config, num_train, schedule=None):
+    """The RunLength of `config` on `num_train` examples (in the phases of
+    `schedule`, a keras_lars.BatchSchedule, where given: --adaptive_batch's);
+    a ConfigError names the flag when the batch, --steps_per_execution or the
+    warmup does not fit."""
+    if config.batch_phases is not None or schedule is not None:
+        return _phased_length(config, num_train, schedule)
     if config.global_batch_size > num_train:
         held = config.validation_examples  # the culprit when the batch fits without it
         culprit = (
@@ -101,11 +103,11 @@ def run_length(config, num_train):
     return length
 
 
-def _phased_length(config, num_train):
-    """The RunLength under --batch_schedule / --image_size_schedule: each
-    phase's steps per epoch, checked against --steps_per_execution (a
-    ConfigError naming the phase)."""
-    schedule = config.batch_phases
+def _phased_length(config, num_train, schedule=None):
+    """The RunLength under --batch_schedule / --image_size_schedule (or
+    `schedule`): each phase's steps per epoch, checked against
+    --steps_per_execution (a ConfigError naming the phase)."""
+    schedule = schedule or config.batch_phases
     flag = (
         f"--batch_schedule={config.batch_schedule}"
         if config.batch_schedule

@@ -18,6 +18,7 @@ import keras_lars
 from keras_lars.tools import checkpoints
 from keras_lars.tools import input_pipeline
 from keras_lars.tools import storage
+from keras_lars.tools.train import adaptive
 from keras_lars.tools.settings import ConfigError
 from keras_lars.tools.train import build
 from keras_lars.tools.train import feed
@@ -52,6 +53,7 @@ class Run:
     length: object  # length.RunLength
     record: dict  # config.json's content
     preemption: Preemption
+    adaptive: object = None  # adaptive.Decisions under --adaptive_batch
     rates: list = dataclasses.field(default_factory=list)  # images/s this process measured
 
 
@@ -75,14 +77,18 @@ def train_and_evaluate(config):
                 f"--batch_schedule={config.batch_schedule}: phase {number} (epoch "
                 f"{phase.first_epoch}) has global batch {phase.global_batch_size}, not "
                 f"divisible by the {replicas} replicas of {runtime.flag}."
+    if config.adaptive_batch != "off":
+        adaptive.check(config, replicas, data.info.num_train, runtime.flag)
             )
     record = model_dir.prepare(config, data.info, runtime.strategy)
+    if config.adaptive_batch != "off":
+        run.adaptive = adaptive.Decisions(config, replicas)
     run = Run(config, runtime, data, length, record, preemption)
     chief = keras_lars.distribute.is_chief(runtime.strategy)
     with storage.exclusive(config.model_dir) if chief else contextlib.nullcontext():
         state = _train_with_rollbacks(run)
     return model_dir.write_summary(
-        config, length, state, time.time() - started, runtime.strategy, run.rates
+        config, run.length, state, time.time() - started, runtime.strategy, run.rates
     )
 
 
@@ -159,6 +165,11 @@ def _train_with_rollbacks(run):
             return state
         except keras_lars.NonFiniteLossError as error:
             last = model_dir.last_checkpoint(config.model_dir)
+            if run.adaptive and run.adaptive.changed:  # on from its checkpoint, at its batch
+                rollback = None
+                keras.backend.clear_session()
+                keras.utils.set_random_seed(config.seed)
+                continue
             last = last and f"{last[0]} ({last[1]})"  # path (epoch e[, step s of the next])
             used = state.get("rollbacks", 0)
             if used >= config.divergence_rollbacks:
@@ -182,9 +193,13 @@ def _restore(run, rollback):
     overrides the restored rate factor and rollback count."""
     config = run.config
 
-    def build_at(rate_factor):
+    def build_at(rate_factor, state=None):
+        phases = None
+        if run.adaptive:  # the phases decided by `state`'s decisions
+            run.adaptive.restore(state or {})
+            run.length, phases = run.adaptive.length(run.data.info.num_train), run.adaptive.phases()
         schedule = build.learning_rate_schedule(
-            config, run.length, run.data.info.num_train, rate_factor
+            config, run.length, run.data.info.num_train, rate_factor, phases
         )
         with run.runtime.strategy.scope():
             model = build.compiled_model(config, run.data.info.num_classes, schedule)
@@ -193,10 +208,12 @@ def _restore(run, rollback):
 
     factor = rollback["rate_factor"] if rollback else 1.0
     model, schedule, state = build_at(factor)
-    if not rollback and state.get("rate_factor", 1.0) != factor:  # resumed after a rollback
+    resumed_factor = rollback is None and state.get("rate_factor", 1.0) != factor
+    if resumed_factor or state.get(adaptive.STATE):  # after a rollback, or decisions
         keras.backend.clear_session()
         keras.utils.set_random_seed(config.seed)
-        model, schedule, state = build_at(state["rate_factor"])
+        factor = factor if rollback else state.get("rate_factor", 1.0)
+        model, schedule, state = build_at(factor, state)
     state.update(rollback or {})
     start, skip = state["epochs_done"], state.get("steps_done", 0)
     directory = model_dir.checkpoint_dir(config.model_dir)
@@ -231,6 +248,8 @@ def _fit(run, model, schedule, state):
             data, batch = phase.data, phase.global_batch_size
         micro = config.gradient_accumulation_steps  # Keras's steps are micro-batches
         train = strategy.distribute_datasets_from_function(
+        if run.adaptive and run.adaptive.changed:  # decided: the loop goes on at the new batch
+            return
             feed.train_stream(data, length, first_epoch, batch, skip, end_epoch, micro)
         )
         validation, validation_steps = phase.evaluation if phase else default_evaluation
@@ -293,6 +312,10 @@ def _fit_phases(run, model, fit, evaluation, start, skip):
         if start < phase.end_epoch:
             fit(start, phase.end_epoch, phase.steps_per_epoch, phase=fed)
             start = phase.end_epoch
+        optimizer = getattr(model.optimizer, "inner_optimizer", model.optimizer)
+        if getattr(optimizer, "noise_scale_estimator", None):  # measured at this batch
+            micro_batch = phase.global_batch_size // run.config.gradient_accumulation_steps
+            optimizer.noise_scale_estimator.batch_size = micro_batch
 
 
 @dataclasses.dataclass(frozen=True)
@@ -330,6 +353,7 @@ def make_callbacks(run, schedule, state):
     if config.stop_on_divergence:  # first: it raises before any checkpoint of the epoch
         found.insert(0, keras_lars.DivergenceGuard())
     if keras_lars.distribute.is_chief(run.runtime.strategy):  # only the chief writes logs
+        *([run.adaptive.callback(run, state)] if run.adaptive else []),  # and the decisions
         found += run_callbacks.log_writers(config)
         if config.save_weights_at_steps:  # after the counter, before a target's stop
             saved = SavedWeights(counter, config.save_weights_at_steps, config.model_dir)

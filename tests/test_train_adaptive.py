@@ -1,0 +1,214 @@
+"""The training tool's --adaptive_batch (tools/train/adaptive.py): bad flags
+refused in one line before training, and a run whose decision changes the
+batch, recorded in summary.json and made again alike by a rerun from the
+checkpoint before it."""
+
+import json
+import os
+import shutil
+
+import numpy as np
+import pytest
+
+import keras_lars
+from keras_lars.tools import train
+from keras_lars.tools.train import runtime as train_runtime
+from tests import train_data
+from tests.train_tool import h5_arrays
+from tests.train_tool import parse
+
+ADAPTIVE = ("--adaptive_batch=adascale", "--gradient_accumulation_steps=2")
+
+
+# --- refused flags: one line naming the flag, before anything loads ------------------
+@pytest.mark.parametrize(
+    "argv, expected",
+    [
+        (
+            ("--adaptive_batch=adascale", "--adaptive_batch_max=512"),
+            "--adaptive_batch=adascale: measures the noise scale from two gradient sizes: give "
+            "--gradient_accumulation_steps >= 2 on one device, or --strategy=mirrored / "
+            "multi_worker with >= 2 replicas.",
+        ),
+        (
+            ADAPTIVE,
+            "--adaptive_batch=adascale: needs --adaptive_batch_max, the largest global "
+            "batch to grow to.",
+        ),
+        (
+            (*ADAPTIVE, "--adaptive_batch_max=64", "--adaptive_batch_min=96"),
+            "--adaptive_batch_min=96: exceeds --adaptive_batch_max=64.",
+        ),
+        (
+            (*ADAPTIVE, "--adaptive_batch_max=512", "--adaptive_batch_growth=1"),
+            "--adaptive_batch_growth=1.0: must be > 1.",
+        ),
+        (
+            (*ADAPTIVE, "--adaptive_batch_max=513"),
+            "--adaptive_batch_max=513: is not divisible by --gradient_accumulation_steps=2.",
+        ),
+        (
+            (*ADAPTIVE, "--adaptive_batch_max=64"),
+            "--adaptive_batch_max=64: is below --global_batch_size=128, the batch to start at.",
+        ),
+        (
+            (*ADAPTIVE, "--adaptive_batch_max=512", "--adaptive_batch_min=256"),
+            "--adaptive_batch_min=256: exceeds --global_batch_size=128, the batch to start at.",
+        ),
+        (
+            (*ADAPTIVE, "--adaptive_batch_max=512", "--steps_per_execution=2"),
+            "--adaptive_batch=adascale: needs --steps_per_execution=1 (the steps of an epoch "
+            "change with the batch).",
+        ),
+        (
+            (*ADAPTIVE, "--adaptive_batch_max=512", "--train_steps=10"),
+            "--adaptive_batch=adascale: counts epochs: leave --train_steps at 0 and give "
+            "--train_epochs.",
+        ),
+        (
+            (*ADAPTIVE, "--adaptive_batch_max=512", "--backend=jax"),
+            "--adaptive_batch=adascale: runs on --backend=tensorflow, not jax.",
+        ),
+        (
+            (*ADAPTIVE, "--adaptive_batch_max=512", "--adaptive_batch_every_epochs=0"),
+            "--adaptive_batch_every_epochs=0: must be >= 1.",
+        ),
+    ],
+)
+def test_bad_adaptive_flags_are_one_line_naming_the_flag(argv, expected):
+    with pytest.raises(train.ConfigError) as error:
+        parse(*argv)
+    assert str(error.value) == expected
+
+
+def test_good_flags_parse():
+    config = parse(*ADAPTIVE, "--adaptive_batch_max=512", "--adaptive_batch_growth=1.5")
+    assert (config.adaptive_batch, config.adaptive_batch_max) == ("adascale", 512)
+    assert config.adaptive_batch_growth == 1.5
+
+
+def _two_cpus(monkeypatch, devices=("/cpu:0", "/cpu:1")):
+    monkeypatch.setattr(
+        train_runtime,
+        "strategy_of_flags",
+        lambda config: keras_lars.make_strategy("mirrored", devices=list(devices)),
+    )
+
+
+@pytest.mark.parametrize(
+    "devices, settings, expected",
+    [
+        (
+            ("/cpu:0",),
+            dict(adaptive_batch_max=256),
+            "--adaptive_batch=linear: measures the noise scale from two gradient sizes, but "
+            "--strategy=mirrored has 1 replica",
+        ),
+        (
+            ("/cpu:0", "/cpu:1"),
+            dict(adaptive_batch_max=257, train_examples=0),  # all 1438
+            "--adaptive_batch_max=257 is not divisible by the 2 replicas of --strategy=mirrored",
+        ),
+        (
+            ("/cpu:0", "/cpu:1"),
+            dict(adaptive_batch_max=256, adaptive_batch_min=127, train_examples=0),
+            "--adaptive_batch_min=127 is not divisible by the 2 replicas",
+        ),
+        (
+            ("/cpu:0", "/cpu:1"),
+            dict(adaptive_batch_max=256, train_examples=200),
+            "--adaptive_batch_max=256 exceeds the 200 training examples",
+        ),
+    ],
+)
+def test_what_the_replicas_cannot_divide_is_refused_before_training(
+    monkeypatch, tmp_path, devices, settings, expected
+):
+    _two_cpus(monkeypatch, devices)
+    with pytest.raises(train.ConfigError) as error:
+        train_data.short_run(
+            tmp_path / "r", strategy="mirrored", adaptive_batch="linear", **settings
+        )
+    assert str(error.value).startswith(expected)
+    assert "\n" not in str(error.value)
+    assert not os.path.exists(tmp_path / "r" / "checkpoints")  # nothing written
+
+
+# --- a run that decides, and its rerun from the checkpoint before the last -------------
+def test_a_decision_changes_the_batch_and_a_rerun_from_its_checkpoint_decides_alike(
+    tmp_path, capsys
+):
+    """128 digits, batch 64 in 2 micro-batches of 32 (the noise scale's two
+    sizes): epoch 1 has 2 updates; the decision after it takes the batch to
+    its cap 64 x 2 (target 1e6 x B_simple), the rate to AdaScale's gain, and
+    epoch 2 has 1 update of 128."""
+    settings = dict(
+        global_batch_size=64,
+        gradient_accumulation_steps=2,
+        adaptive_batch="adascale",
+        adaptive_batch_max=128,
+        adaptive_batch_target=1e6,
+    )
+    run = tmp_path / "run"
+    config, summary = train_data.short_run(run, **settings)
+    (decision,) = summary["adaptive_batch"]
+    scale = decision["noise_scale"]
+    gain = (1 + scale / 64) / (1 + scale / 128)  # AdaScale's r for S = 2
+    assert decision == {
+        "step": 2,
+        "epoch": 1,
+        "noise_scale": scale,
+        "standard_error": decision["standard_error"],
+        "measurements": 2,
+        "batch_size": 128,
+        "rate_factor": gain,
+        "learning_rate": decision["learning_rate"],
+    }
+    assert scale > 0 and decision["standard_error"] > 0
+    # The rate of step 2 (epoch 1 done, no warmup, total 2): end + (peak - end) (1 - 1/2)^2.
+    peak, end = config.peak_learning_rate, config.end_learning_rate
+    expected = gain * (end + (peak - end) * 0.25)
+    assert decision["learning_rate"] == pytest.approx(expected, rel=1e-6)
+    assert [h["global_batch_size"] for h in summary["history"]] == [64, 128]
+    assert [h["steps"] for h in summary["history"]] == [2, 3]
+    assert [p["global_batch_size"] for p in summary["phases"]] == [64, 128]
+    out = capsys.readouterr().out
+    assert (
+        f"adaptive batch: after epoch 1 (step 2), B_simple {scale:.4g} +- "
+        f"{decision['standard_error']:.2g} from 2 measurements: batch 64 -> 128, rate "
+        f"x{gain:.4g} (learning rate {decision['learning_rate']:.4g})"
+    ) in out
+
+    # Killed after epoch 1: its checkpoint holds the decision; the rerun goes on from it.
+    rerun = tmp_path / "rerun"
+    shutil.copytree(run, rerun)
+    for name in os.listdir(rerun / "checkpoints"):
+        if name.startswith("ckpt-0002"):
+            os.remove(rerun / "checkpoints" / name)
+    os.remove(rerun / "summary.json")
+    _, again = train_data.short_run(rerun, **settings)
+    assert again["adaptive_batch"] == summary["adaptive_batch"]
+    assert _untimed(again["history"]) == _untimed(summary["history"])
+    _assert_same_weights(*(d / "checkpoints" / "ckpt-0002.weights.h5" for d in (run, rerun)))
+    assert json.loads((rerun / "summary.json").read_text())["adaptive_batch"] == [decision]
+    np.testing.assert_equal(again["phases"], summary["phases"])
+
+
+def _assert_same_weights(expected_path, actual_path):
+    """Bit for bit, but the optimizer's scalars and 6 interval sums within
+    1e-4: the squared norms of ResNet-18's gradients that the noise scale
+    sums were seen to round differently from run to run (1 ulp, the weights
+    bit-equal), and the estimate of |G|^2 subtracts two of them (2.8e-6)."""
+    expected, actual = h5_arrays(expected_path), h5_arrays(actual_path)
+    assert expected.keys() == actual.keys() and len(expected) > 20
+    for name, value in expected.items():
+        if name.startswith("optimizer/vars/") and value.size <= 6:
+            np.testing.assert_allclose(actual[name], value, rtol=1e-4, atol=0, err_msg=name)
+        else:
+            np.testing.assert_array_equal(actual[name], value, err_msg=name)
+
+
+def _untimed(history):
+    return [
+        {k: v for k, v in h.items() if k not in ("seconds", "images_per_second")} for h in history
+    ]
