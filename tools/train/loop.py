@@ -18,8 +18,8 @@ import keras_lars
 from keras_lars.tools import checkpoints
 from keras_lars.tools import input_pipeline
 from keras_lars.tools import storage
-from keras_lars.tools.train import adaptive
 from keras_lars.tools.settings import ConfigError
+from keras_lars.tools.train import adaptive
 from keras_lars.tools.train import build
 from keras_lars.tools.train import feed
 from keras_lars.tools.train import model_dir
@@ -53,8 +53,8 @@ class Run:
     length: object  # length.RunLength
     record: dict  # config.json's content
     preemption: Preemption
-    adaptive: object = None  # adaptive.Decisions under --adaptive_batch
     rates: list = dataclasses.field(default_factory=list)  # images/s this process measured
+    adaptive: object = None  # adaptive.Decisions under --adaptive_batch
 
 
 def train_and_evaluate(config):
@@ -77,13 +77,13 @@ def train_and_evaluate(config):
                 f"--batch_schedule={config.batch_schedule}: phase {number} (epoch "
                 f"{phase.first_epoch}) has global batch {phase.global_batch_size}, not "
                 f"divisible by the {replicas} replicas of {runtime.flag}."
+            )
     if config.adaptive_batch != "off":
         adaptive.check(config, replicas, data.info.num_train, runtime.flag)
-            )
     record = model_dir.prepare(config, data.info, runtime.strategy)
+    run = Run(config, runtime, data, length, record, preemption)
     if config.adaptive_batch != "off":
         run.adaptive = adaptive.Decisions(config, replicas)
-    run = Run(config, runtime, data, length, record, preemption)
     chief = keras_lars.distribute.is_chief(runtime.strategy)
     with storage.exclusive(config.model_dir) if chief else contextlib.nullcontext():
         state = _train_with_rollbacks(run)
@@ -160,16 +160,16 @@ def _train_with_rollbacks(run):
         model, schedule, state = _restore(run, rollback)
         try:
             _fit(run, model, schedule, state)
-            return state
-        except target.TargetDecided:
-            return state
-        except keras_lars.NonFiniteLossError as error:
-            last = model_dir.last_checkpoint(config.model_dir)
             if run.adaptive and run.adaptive.changed:  # on from its checkpoint, at its batch
                 rollback = None
                 keras.backend.clear_session()
                 keras.utils.set_random_seed(config.seed)
                 continue
+            return state
+        except target.TargetDecided:
+            return state
+        except keras_lars.NonFiniteLossError as error:
+            last = model_dir.last_checkpoint(config.model_dir)
             last = last and f"{last[0]} ({last[1]})"  # path (epoch e[, step s of the next])
             used = state.get("rollbacks", 0)
             if used >= config.divergence_rollbacks:
@@ -243,13 +243,13 @@ def _fit(run, model, schedule, state):
     default_evaluation = evaluation(run.data)
 
     def fit(first_epoch, end_epoch, steps_per_epoch, skip=0, phase=None):
+        if run.adaptive and run.adaptive.changed:  # decided: the loop goes on at the new batch
+            return
         data, batch = run.data, config.global_batch_size
         if phase is not None:  # its batch, and its images: at its size, evaluated at it
             data, batch = phase.data, phase.global_batch_size
         micro = config.gradient_accumulation_steps  # Keras's steps are micro-batches
         train = strategy.distribute_datasets_from_function(
-        if run.adaptive and run.adaptive.changed:  # decided: the loop goes on at the new batch
-            return
             feed.train_stream(data, length, first_epoch, batch, skip, end_epoch, micro)
         )
         validation, validation_steps = phase.evaluation if phase else default_evaluation
@@ -306,16 +306,16 @@ def _fit_phases(run, model, fit, evaluation, start, skip):
         fed = FedPhase(phase.global_batch_size, data, evaluation(data))
         if run.runtime.single_process:  # a fresh step for this phase's static shapes
             model.train_function = None
+        optimizer = getattr(model.optimizer, "inner_optimizer", model.optimizer)
+        if getattr(optimizer, "noise_scale_estimator", None):  # measured at this batch
+            micro_batch = phase.global_batch_size // run.config.gradient_accumulation_steps
+            optimizer.noise_scale_estimator.batch_size = micro_batch
         if skip:  # the rest of the epoch a checkpoint was taken inside
             fit(start, start + 1, phase.steps_per_epoch - skip, skip, fed)
             start, skip = start + 1, 0
         if start < phase.end_epoch:
             fit(start, phase.end_epoch, phase.steps_per_epoch, phase=fed)
             start = phase.end_epoch
-        optimizer = getattr(model.optimizer, "inner_optimizer", model.optimizer)
-        if getattr(optimizer, "noise_scale_estimator", None):  # measured at this batch
-            micro_batch = phase.global_batch_size // run.config.gradient_accumulation_steps
-            optimizer.noise_scale_estimator.batch_size = micro_batch
 
 
 @dataclasses.dataclass(frozen=True)
@@ -347,13 +347,13 @@ def make_callbacks(run, schedule, state):
         *([keras_lars.NoiseScaleMonitor()] if config.noise_scale else []),  # into the logs
         *([run_callbacks.BatchLog(run.length, config.image_size)] if run.length.phases else []),
         evaluations,  # before Checkpointing, which saves the target it finds
+        *([run.adaptive.callback(run, state)] if run.adaptive else []),  # and the decisions
         Checkpointing(run, state, counter, throughput),
         run_callbacks.ProgressBar(run.length),
     ]
     if config.stop_on_divergence:  # first: it raises before any checkpoint of the epoch
         found.insert(0, keras_lars.DivergenceGuard())
     if keras_lars.distribute.is_chief(run.runtime.strategy):  # only the chief writes logs
-        *([run.adaptive.callback(run, state)] if run.adaptive else []),  # and the decisions
         found += run_callbacks.log_writers(config)
         if config.save_weights_at_steps:  # after the counter, before a target's stop
             saved = SavedWeights(counter, config.save_weights_at_steps, config.model_dir)
