@@ -353,8 +353,7 @@ def _tpu_strategy(tf, tpu_address):
 def is_chief(strategy=None):
     """Whether this process writes shared files (checkpoints, logs): the
     chief of a multi-worker cluster, or any single-process strategy."""
-    tf = _tf()
-    strategy = strategy or tf.distribute.get_strategy()
+    strategy = strategy or _tf().distribute.get_strategy()
     try:
         return bool(strategy.extended.should_checkpoint)
     except (AttributeError, NotImplementedError):

@@ -359,8 +359,9 @@ def test_a_sigterm_then_a_killed_process_and_the_reruns_end_as_the_uninterrupted
 
 
 def test_the_backend_flag_restarts_the_program_on_jax(tmp_path):
-    """--backend=jax from a TensorFlow environment: the tool restarts itself
-    on JAX, whose devices then decide (one CPU device here)."""
+    """--backend=jax from a TensorFlow environment: the tool runs on JAX
+    (KERAS_BACKEND set before Keras loads), whose devices then decide (one
+    CPU device here)."""
     env = dict(os.environ, KERAS_BACKEND="tensorflow", TF_CPP_MIN_LOG_LEVEL="2")
     env.pop("XLA_FLAGS", None)
     flags = ["--distribution=model_parallel", "--model_axis_size=3", f"--model_dir={tmp_path}"]
@@ -540,3 +541,51 @@ def test_a_cache_that_hangs_several_devices_is_off_with_one_line(
         f"persistent compilation cache: this run does not use {tmp_path} "
         "(JAX_COMPILATION_CACHE_DIR); jax >= 0.6 does\n"
     )
+
+
+# Makes `import tensorflow` fail as on a JAX-only install (a sitecustomize).
+HIDE_TENSORFLOW = """
+import importlib.abc, sys
+class NoTensorFlow(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path=None, target=None):
+        if name.partition(".")[0] == "tensorflow":
+            raise ModuleNotFoundError(f"No module named {name!r}", name=name)
+sys.meta_path.insert(0, NoTensorFlow())
+"""
+
+
+def test_the_tool_trains_on_jax_without_tensorflow(tmp_path):
+    """Before, --backend=jax on a JAX-only install was a traceback: Keras
+    loaded on TensorFlow (no KERAS_BACKEND), then the tool imported it for
+    tf.data, tf.io.gfile and tf.distribute.InputContext."""
+    hider = tmp_path / "hide"
+    hider.mkdir()
+    (hider / "sitecustomize.py").write_text(HIDE_TENSORFLOW)
+    env = dict(jax_env(devices=1), PYTHONPATH=os.pathsep.join([str(hider), ROOT]))
+    env.pop("KERAS_BACKEND")  # the flag alone chooses it
+    model_dir = tmp_path / "run"
+    flags = ["--model=simple_cnn", "--global_batch_size=64", "--train_examples=128"]
+    flags += ["--eval_examples=100", "--train_epochs=1", "--warmup_epochs=0"]
+    process = subprocess.run(
+        tool_command("--backend=jax", *flags, f"--model_dir={model_dir}"),
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT,
+    )
+    assert process.returncode == 0, process.stderr[-3000:]
+    assert process.stdout.splitlines()[0] == (
+        "training simple_cnn with lars on digits (8 px), batch 64, 2 steps (1 epoch x 2), "
+        f"model_dir {model_dir}, backend jax"
+    )
+    assert "warning: Keras writes TensorBoard logs through TensorFlow, which is not " in (
+        process.stderr
+    )
+    summary = json.loads((model_dir / "summary.json").read_text())
+    assert summary["steps"] == 2 and summary["config"]["backend"] == "jax"
+    assert 0 <= summary["final"]["val_accuracy"] <= 1
+    assert sorted(os.listdir(model_dir / "checkpoints")) == [
+        "ckpt-0001.json",
+        "ckpt-0001.weights.h5",
+    ]

@@ -42,10 +42,11 @@ import uuid
 
 import h5py
 import numpy as np
-import tensorflow as tf
 
 from keras_lars.distribute import save_on_chief
+from keras_lars.tools import files
 from keras_lars.tools import storage
+from keras_lars.tools.files import gfile
 
 _NAME = re.compile(r"^ckpt-(\d+)(?:-(\d+))?\.weights\.h5$")
 _STATE_NAME = re.compile(r"^ckpt-(\d+)(?:-(\d+))?\.json$")
@@ -73,7 +74,7 @@ def _paths(directory, epoch, step=0):
 
 def _files(directory):
     """(state positions, weights positions) in `directory`, from one listing."""
-    names = tf.io.gfile.listdir(directory) if tf.io.gfile.isdir(directory) else []
+    names = gfile.listdir(directory) if gfile.isdir(directory) else []
 
     def found(pattern):
         matches = (pattern.match(name) for name in names)
@@ -144,7 +145,7 @@ def _contents(weights, finite=True):
 
 
 def _read_contents(weights_path, finite=True):
-    with tf.io.gfile.GFile(weights_path, "rb") as f, h5py.File(f, "r") as weights:
+    with gfile.GFile(weights_path, "rb") as f, h5py.File(f, "r") as weights:
         return _contents(weights, finite)
 
 
@@ -162,7 +163,7 @@ def _write_weights(model, path, save_id):
         with tempfile.TemporaryDirectory() as local:
             written = os.path.join(local, os.path.basename(path))
             _write_weights(model, written, save_id)
-            tf.io.gfile.copy(written, path, overwrite=True)
+            gfile.copy(written, path, overwrite=True)
         return
     model.save_weights(path)
     with h5py.File(path, "r+") as weights:
@@ -175,7 +176,7 @@ def save(model, directory, epoch, state, strategy=None, step=0):
 
     def write(directory):
         state_path, weights_path = _paths(directory, epoch, step)
-        tf.io.gfile.makedirs(directory)
+        gfile.makedirs(directory)
         variables = list(model.variables) + list(model.optimizer.variables)
         size = sum(np.prod(v.shape) * np.dtype(v.dtype).itemsize for v in variables)
         storage.check_space(directory, int(SPACE_MARGIN * size) + 2**20)
@@ -187,7 +188,7 @@ def save(model, directory, epoch, state, strategy=None, step=0):
             record = dict(state, **{RECORD: _read_contents(weights_path, finite=False)[0]})
             storage.write_json(state_path, record, indent=None)
         except storage.StorageError:
-            tf.io.gfile.remove(weights_path)
+            gfile.remove(weights_path)
             raise
         states, weights = _files(directory)
         oldest_kept = (sorted(states & weights)[-KEEP:] or [(epoch, step)])[0]
@@ -195,8 +196,8 @@ def save(model, directory, epoch, state, strategy=None, step=0):
             if old >= oldest_kept:
                 break
             for path in _paths(directory, *old):
-                if tf.io.gfile.exists(path):
-                    tf.io.gfile.remove(path)
+                if gfile.exists(path):
+                    gfile.remove(path)
 
     save_on_chief(write, directory, strategy)
 
@@ -215,13 +216,13 @@ def problem(directory, epoch, step=0):
         state = storage.read_json(state_path)
         if (state.get("epochs_done"), state.get("steps_done", 0)) != (epoch, step):
             return f"{state_path} is not the state of its position"
-    except (ValueError, AttributeError, tf.errors.OpError) as error:
+    except (ValueError, AttributeError, *files.ERRORS) as error:
         return f"{state_path}: {storage.first_line(error)}"
-    if not tf.io.gfile.exists(weights_path):
+    if not gfile.exists(weights_path):
         return f"{weights_path} is missing"
     try:
         found, _, bad = _read_contents(weights_path)
-    except (OSError, ValueError, tf.errors.OpError) as error:
+    except (ValueError, *files.ERRORS) as error:
         return f"{weights_path}: {storage.first_line(error)}"
     if bad:
         return f"{weights_path}: non-finite values in {bad}"
@@ -278,7 +279,7 @@ def latest_state(directory):
             continue  # `problem` names it
         try:
             state = storage.read_json(state_path)
-        except (ValueError, tf.errors.OpError):
+        except (ValueError, *files.ERRORS):
             continue
         if isinstance(state, dict):
             return stem(directory, epoch, step), state

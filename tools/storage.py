@@ -1,4 +1,4 @@
-"""Atomic writes through `tf.io.gfile` (local paths and buckets alike).
+"""Atomic writes through `tf.io.gfile` (local paths and buckets alike; files.py).
 
 A file is written under a temporary name in its own folder, then renamed
 over its final name: a reader, or a run resumed after a kill, sees the old
@@ -16,8 +16,8 @@ import shutil
 import socket
 import time
 
-import tensorflow as tf
-
+from keras_lars.tools import files
+from keras_lars.tools.files import gfile
 from keras_lars.tools.untrusted_json import file_kind
 
 PARTIAL_PREFIX = "partial-"
@@ -76,26 +76,26 @@ def partial_path(path):
 
 def publish(path):
     """Renames the finished `partial_path(path)` to `path` (replacing it)."""
-    tf.io.gfile.rename(partial_path(path), path, overwrite=True)
+    gfile.rename(partial_path(path), path, overwrite=True)
 
 
 def discard(path):
     """Removes `partial_path(path)` if it exists."""
-    if tf.io.gfile.exists(partial_path(path)):
-        tf.io.gfile.remove(partial_path(path))
+    if gfile.exists(partial_path(path)):
+        gfile.remove(partial_path(path))
 
 
 def _discard_quietly(path):
-    with contextlib.suppress(OSError, tf.errors.OpError):
+    with contextlib.suppress(*files.ERRORS):
         discard(path)
 
 
 def remove_partials(directory):
     """Removes the temporary files a killed write left in `directory`."""
-    if tf.io.gfile.isdir(directory):
-        for name in tf.io.gfile.listdir(directory):
+    if gfile.isdir(directory):
+        for name in gfile.listdir(directory):
             if name.startswith(PARTIAL_PREFIX):
-                tf.io.gfile.remove(os.path.join(directory, name))
+                gfile.remove(os.path.join(directory, name))
 
 
 def check_writable(directory):
@@ -104,7 +104,7 @@ def check_writable(directory):
     probe = os.path.join(directory, "write-check")
     with atomic_file(probe) as f:
         f.write("keras_lars write check\n")
-    tf.io.gfile.remove(probe)
+    gfile.remove(probe)
 
 
 def check_space(directory, needed_bytes):
@@ -129,10 +129,10 @@ def staged(path):
     try:
         folder = os.path.dirname(path)
         if folder:
-            tf.io.gfile.makedirs(folder)
+            gfile.makedirs(folder)
         yield partial_path(path)
         publish(path)
-    except (OSError, tf.errors.OpError) as error:
+    except files.ERRORS as error:
         _discard_quietly(path)
         raise StorageError(f"cannot write {path}: {_reason(error)}") from error
     except BaseException:
@@ -148,9 +148,9 @@ def write_atomically(path, write):
 
 @contextlib.contextmanager
 def atomic_file(path, mode="w"):
-    """`with atomic_file(path) as f:` f is a tf.io.gfile.GFile on the
+    """`with atomic_file(path) as f:` f is a gfile.GFile on the
     temporary name, renamed to `path` when the block succeeds."""
-    with staged(path) as temporary, tf.io.gfile.GFile(temporary, mode) as f:
+    with staged(path) as temporary, gfile.GFile(temporary, mode) as f:
         yield f
 
 
@@ -161,7 +161,7 @@ def write_json(path, value, indent=1, allow_nan=True):
 
 
 def read_json(path):
-    with tf.io.gfile.GFile(path) as f:
+    with gfile.GFile(path) as f:
         return json.load(f)
 
 
@@ -182,7 +182,7 @@ def _read_lock(path, flag, directory):
     try:
         held = None if special else read_json(path)
         problem = f"it is {special}" if special else None
-    except (ValueError, tf.errors.OpError) as error:
+    except (ValueError, *files.ERRORS) as error:
         held, problem = None, f"it is not JSON ({first_line(error)})"
     if problem is None and not (
         isinstance(held, dict)
@@ -207,7 +207,7 @@ def exclusive(directory, flag="--model_dir"):
     and host, a FIFO) is reported as such and left in place."""
     path = os.path.join(directory, LOCK_FILE)
     owner = {"pid": os.getpid(), "host": socket.gethostname(), "since": time.strftime("%c")}
-    if tf.io.gfile.exists(path):
+    if gfile.exists(path):
         held = _read_lock(path, flag, directory)
         same_host = held.get("host") == owner["host"]
         if same_host and isinstance(held.get("pid"), int) and not _process_alive(held["pid"]):
@@ -225,5 +225,5 @@ def exclusive(directory, flag="--model_dir"):
     try:
         yield
     finally:
-        with contextlib.suppress(OSError, tf.errors.OpError):
-            tf.io.gfile.remove(path)
+        with contextlib.suppress(*files.ERRORS):
+            gfile.remove(path)

@@ -16,6 +16,7 @@ The parts, each depending only on those above it:
     tfrecord_checks each file's first record up front; the first bad record
     imagenet        tf.data of the records: a training epoch, the evaluation examples
     idx             Fashion-MNIST's IDX files (gzip): parsing, checks, the four files
+    host            numpy batches, where TensorFlow is not installed
     arrays          in memory: the digits, grey images, synthetic images
     sources         DatasetInfo, the DataSource protocol, its sources, SOURCES, load
 
@@ -38,17 +39,20 @@ from keras_lars.tools.input_pipeline.sources import Digits
 from keras_lars.tools.input_pipeline.sources import FashionMNIST
 from keras_lars.tools.input_pipeline.sources import ImageNetRecords
 from keras_lars.tools.input_pipeline.sources import load
-from keras_lars.tools.input_pipeline.tfrecord_checks import find_bad_record
-from keras_lars.tools.input_pipeline.tfrecord_checks import validate_files
-from keras_lars.tools.input_pipeline.tfrecord_files import INFO_FILE
-from keras_lars.tools.input_pipeline.tfrecord_files import parse_record
-from keras_lars.tools.input_pipeline.tfrecord_files import shard_files
 from keras_lars.tools.input_pipeline.transforms import MEAN_RGB
 from keras_lars.tools.input_pipeline.transforms import STDDEV_RGB
 from keras_lars.tools.input_pipeline.transforms import central_crop_window
 from keras_lars.tools.input_pipeline.transforms import preprocess_for_eval
 from keras_lars.tools.input_pipeline.transforms import preprocess_for_train
 from keras_lars.tools.input_pipeline.transforms import sample_crop_window
+from keras_lars.tools.tensorflow_or_none import tf
+
+if tf is not None:  # ImageNet-format records are read through TensorFlow
+    from keras_lars.tools.input_pipeline.tfrecord_checks import find_bad_record
+    from keras_lars.tools.input_pipeline.tfrecord_checks import validate_files
+    from keras_lars.tools.input_pipeline.tfrecord_files import INFO_FILE
+    from keras_lars.tools.input_pipeline.tfrecord_files import parse_record
+    from keras_lars.tools.input_pipeline.tfrecord_files import shard_files
 
 __all__ = [
     # the API of the training tool

@@ -1,12 +1,14 @@
 """In-memory data: scikit-learn's handwritten digits and grey images such as
 Fashion-MNIST's, read in a seeded order per epoch, and synthetic images for
-throughput."""
+throughput. Without TensorFlow (a JAX-only install) the in-memory data
+are numpy batches (host.py) in the same order."""
 
 import numpy as np
-import tensorflow as tf
 
 from keras_lars.tools.input_pipeline.errors import DataError
+from keras_lars.tools.input_pipeline.host import Batches
 from keras_lars.tools.input_pipeline.transforms import normalize
+from keras_lars.tools.tensorflow_or_none import tf
 
 DIGITS_CLASSES = 10
 DIGITS_SPLIT_SEED = 0  # the train/test split never changes with --seed
@@ -26,8 +28,7 @@ def load_digits(image_size):
         ) from None
     pixels, labels = sklearn_digits(return_X_y=True)
     images = pixels.reshape(-1, 8, 8, 1).astype("float32") * (255.0 / 16.0)
-    images = tf.image.resize(images, [image_size, image_size], method="bilinear")
-    images = normalize(tf.repeat(images, 3, axis=-1)).numpy()
+    images = normalize(np.repeat(resized(images, image_size), 3, axis=-1))
     labels = labels.astype("int32")
     order = np.random.default_rng(DIGITS_SPLIT_SEED).permutation(len(labels))
     test = round(len(labels) * DIGITS_TEST_FRACTION)
@@ -35,10 +36,28 @@ def load_digits(image_size):
     return (images[train_index], labels[train_index]), (images[test_index], labels[test_index])
 
 
+def resized(images, image_size):
+    """float32 numpy images (n, rows, cols, channels) at (image_size,
+    image_size), bilinear: by TensorFlow where it is installed, else by
+    Keras's backend; unchanged where already that size."""
+    if images.shape[1:3] == (image_size, image_size):
+        return images
+    if tf is not None:
+        return tf.image.resize(images, [image_size, image_size], method="bilinear").numpy()
+    import keras
+
+    size = (image_size, image_size)
+    return np.asarray(keras.ops.image.resize(images, size, interpolation="bilinear"))
+
+
 def grey_to_rgb(images, image_size):
     """uint8 grey images (..., rows, cols) -> normalised float32
     (..., image_size, image_size, 3): resized (bilinear) unless already that
-    size, the grey channel repeated, ImageNet's channel normalisation."""
+    size, the grey channel repeated, ImageNet's channel normalisation. A
+    numpy batch (host.py's) gives a numpy batch."""
+    if isinstance(images, np.ndarray):
+        rgb = np.repeat(resized(images[..., np.newaxis].astype(np.float32), image_size), 3, -1)
+        return normalize(rgb)
     images = tf.cast(images[..., tf.newaxis], tf.float32)
     if tuple(images.shape[-3:-1]) != (image_size, image_size):
         images = tf.image.resize(images, [image_size, image_size], method="bilinear")
@@ -62,6 +81,14 @@ def arrays_train(
     if input_context is not None:
         order = order[input_context.input_pipeline_id :: input_context.num_input_pipelines]
     order = order[skip_batches * batch_size :]
+    if tf is None:  # numpy arrays (host.py)
+
+        def make(index):
+            chosen = order[index * batch_size : (index + 1) * batch_size]
+            batch = images[chosen] if preprocess is None else preprocess(images[chosen])
+            return batch, labels[chosen]
+
+        return Batches.of(len(order) // batch_size, make)
     dataset = tf.data.Dataset.from_tensor_slices(order)
     dataset = dataset.batch(batch_size, drop_remainder=True)
     dataset = dataset.map(lambda index: (tf.gather(images, index), tf.gather(labels, index)))

@@ -21,9 +21,10 @@ import struct
 import zlib
 
 import numpy as np
-import tensorflow as tf
 
+from keras_lars.tools import files
 from keras_lars.tools import storage
+from keras_lars.tools.files import gfile
 from keras_lars.tools.input_pipeline.errors import DataError
 
 IMAGES_MAGIC = 0x00000803
@@ -110,14 +111,14 @@ def read_idx(path, magic, shape_problem=None):
     special = storage.special_file(path)
     if special:
         raise DataError(f"{path} is {special}, not a gzip file.")
-    if not tf.io.gfile.exists(path):
+    if not gfile.exists(path):
         raise DataError(f"--dataset=fashion_mnist: {path} is missing: {_HOW_TO_GET}.")
     try:
-        with tf.io.gfile.GFile(path, "rb") as file, gzip.GzipFile(fileobj=file) as stream:
+        with gfile.GFile(path, "rb") as file, gzip.GzipFile(fileobj=file) as stream:
             return _parse(stream, magic, path, shape_problem)
     except (OSError, EOFError, zlib.error) as error:
         raise DataError(f"{path}: not a readable gzip file ({error}).") from None
-    except tf.errors.OpError as error:
+    except files.ERRORS as error:
         raise DataError(f"{path}: cannot be read ({storage.first_line(error)}).") from None
 
 
@@ -148,6 +149,6 @@ def load_fashion_mnist(data_dir=None):
     files in `data_dir` (default FASHION_MNIST_DIR): uint8 images of shape
     (n, 28, 28) and int32 labels, in the files' order."""
     data_dir = data_dir or FASHION_MNIST_DIR
-    if not tf.io.gfile.isdir(data_dir):
+    if not gfile.isdir(data_dir):
         raise DataError(f"--dataset=fashion_mnist: no folder {data_dir}: {_HOW_TO_GET}.")
     return read_split(data_dir, "train"), read_split(data_dir, "test")

@@ -10,7 +10,9 @@ with the ImageNet mean and standard deviation (of 0..255 values):
 x' = (x - mean) / stddev.
 """
 
-import tensorflow as tf
+import numpy as np
+
+from keras_lars.tools.tensorflow_or_none import tf
 
 MEAN_RGB = (0.485 * 255, 0.456 * 255, 0.406 * 255)
 STDDEV_RGB = (0.229 * 255, 0.224 * 255, 0.225 * 255)
@@ -46,7 +48,10 @@ def central_crop_window(image_shape):
 
 
 def normalize(images):
-    """(x - mean) / stddev per channel, x in 0..255."""
+    """(x - mean) / stddev per channel, x in 0..255: float32, a numpy array
+    for a numpy array (host.py's batches), else a tensor."""
+    if isinstance(images, np.ndarray):
+        return (images.astype(np.float32) - np.float32(MEAN_RGB)) / np.float32(STDDEV_RGB)
     return (tf.cast(images, tf.float32) - MEAN_RGB) / STDDEV_RGB
 
 

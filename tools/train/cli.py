@@ -104,7 +104,14 @@ def main(argv):
         raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
     values, given = settings.from_flags(Config)
     check_flags(values, given)
-    _quiet.release()  # the flags are good: Keras, TensorFlow, JAX load now
+    if values["backend"] and "keras" not in sys.modules:  # Keras loads on it: no restart
+        os.environ["KERAS_BACKEND"] = values["backend"]
+    try:
+        _quiet.release()  # the flags are good: Keras, TensorFlow, JAX load now
+    except ImportError as error:  # keras_lars's own line: the backend's package is missing
+        if str(error).startswith("keras_lars"):
+            sys.exit(f"error: {error}")
+        raise
     import keras
 
     from keras_lars.tools.train.loop import train_and_evaluate

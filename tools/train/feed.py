@@ -65,6 +65,14 @@ def evaluation(data, global_batch_size, strategy):
     return dataset, steps
 
 
+def read_failed(error):
+    """Whether `error` is TensorFlow's for data it could not read (never
+    where TensorFlow was not loaded: a JAX-only install)."""
+    tf = sys.modules.get("tensorflow")
+    read = (tf.errors.InvalidArgumentError, tf.errors.DataLossError) if tf else ()
+    return isinstance(error, read)
+
+
 def explain_data_error(data, config, error):
     """Raises a DataError naming the file and record when reading failed on one."""
     files = data.info.train_files + data.info.eval_files

@@ -15,12 +15,12 @@ import os
 import sys
 
 import keras
-import tensorflow as tf
 
 from keras_lars.distribute import is_chief
 from keras_lars.tools import checkpoints
 from keras_lars.tools import settings
 from keras_lars.tools import storage
+from keras_lars.tools.files import gfile
 from keras_lars.tools.model_dir_names import CHECKPOINTS
 from keras_lars.tools.model_dir_names import CONFIG_FILE
 from keras_lars.tools.model_dir_names import LAYOUT
@@ -74,7 +74,7 @@ def prepare(config, info, strategy=None):
             storage.check_writable(directory)
             storage.remove_partials(directory)
     path = os.path.join(config.model_dir, CONFIG_FILE)
-    has_config = tf.io.gfile.exists(path)
+    has_config = gfile.exists(path)
     if has_config:
         _refuse_other_settings(config, record, _stored_config(config, path))
     latest = checkpoints.latest_state(checkpoint_dir(config.model_dir))
@@ -206,14 +206,14 @@ def _describe(layout, config):
 def write_config_once(config, record, strategy):
     """Writes config.json unless it is there; True if this call wrote it."""
     path = os.path.join(config.model_dir, CONFIG_FILE)
-    if not is_chief(strategy) or tf.io.gfile.exists(path):
+    if not is_chief(strategy) or gfile.exists(path):
         return False
     storage.write_json(path, record)
     return True
 
 
 def remove_config(config):
-    tf.io.gfile.remove(os.path.join(config.model_dir, CONFIG_FILE))
+    gfile.remove(os.path.join(config.model_dir, CONFIG_FILE))
 
 
 def write_summary(config, length, state, wall_seconds, strategy, rates=()):
@@ -243,8 +243,6 @@ def write_summary(config, length, state, wall_seconds, strategy, rates=()):
         summary["target"] = reached
     if length.phases:  # --batch_schedule; each epoch's batch and rate are in the history
         summary["phases"] = [dataclasses.asdict(phase) for phase in length.phases]
-    if state.get("adaptive_batch"):  # --adaptive_batch's decisions (tools/train/adaptive.py)
-        summary["adaptive_batch"] = state["adaptive_batch"]["decisions"]
     if is_chief(strategy):
         storage.write_json(os.path.join(config.model_dir, SUMMARY_FILE), summary)
     shown = " ".join(

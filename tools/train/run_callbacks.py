@@ -22,6 +22,7 @@ import keras
 import numpy as np
 
 import keras_lars
+from keras_lars.tools import tensorflow_or_none
 
 
 def optimizer_step(model):
@@ -229,6 +230,12 @@ def log_writers(config):
         print(
             "warning: the tensorboard package is not installed "
             "(pip install tensorboard): no TensorBoard logs.",
+            file=sys.stderr,
+        )
+    elif tensorflow_or_none.tf is None:  # Keras writes them through it
+        print(
+            "warning: Keras writes TensorBoard logs through TensorFlow, which is not installed "
+            f"({tensorflow_or_none.INSTALL}): no TensorBoard logs.",
             file=sys.stderr,
         )
     else:

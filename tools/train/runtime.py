@@ -19,8 +19,6 @@ TensorFlowRuntime is --strategy (keras_lars.make_strategy); JaxRuntime
 
 import tempfile
 
-import tensorflow as tf
-
 import keras_lars
 from keras_lars.tools import storage
 from keras_lars.tools.settings import ConfigError
@@ -74,12 +72,16 @@ class TensorFlowRuntime:
     @staticmethod
     def collective_failed(error, values):
         """Under --strategy=multi_worker, a collective's Unavailable or Aborted."""
+        import tensorflow as tf
+
         collective = (tf.errors.UnavailableError, tf.errors.AbortedError)
         return values["strategy"] == "multi_worker" and isinstance(error, collective)
 
 
 class _ClusterPreemption:
     def __init__(self, strategy, save, stop):
+        import tensorflow as tf
+
         self._handler = tf.distribute.experimental.PreemptionCheckpointHandler(
             strategy.cluster_resolver,
             tf.train.Checkpoint(),  # restores only its own counter; nothing saved
@@ -122,6 +124,8 @@ def _wait_for_workers(config, preemption):
 def strategy_of_flags(config):
     """The strategy of --strategy (and --tpu), built by keras_lars.make_strategy,
     with the compat workarounds this run needs."""
+    import tensorflow as tf  # on this backend only: a JAX-only install has none
+
     try:
         strategy = keras_lars.make_strategy(config.strategy, tpu_address=config.tpu)
     except (ValueError, keras_lars.compat.UnsupportedVersionError) as error:

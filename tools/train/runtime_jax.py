@@ -24,6 +24,7 @@ process stops all of them at one step (JAX's preemption sync point).
 """
 
 import contextlib
+import dataclasses
 import inspect
 import os
 import re
@@ -31,12 +32,13 @@ import types
 
 import jax
 import keras
-import tensorflow as tf
 
 from keras_lars import compat
 from keras_lars import rendezvous
 from keras_lars.tools import layout_file
+from keras_lars.tools.input_pipeline.host import Batches
 from keras_lars.tools.settings import ConfigError
+from keras_lars.tools.tensorflow_or_none import tf
 from keras_lars.tools.train import cluster
 from keras_lars.tools.train.preemption import NoClusterPreemption
 from keras_lars.tools.train.preemption import Preempted
@@ -199,8 +201,8 @@ def start_processes(config, processes=None):
     `meet_processes`) unless it has one. Call before anything touches a JAX
     device. From here on, SIGTERM belongs to JAX's preemption notifier."""
     processes = processes_of(config) if processes is None else processes
-    # tf.data is the input pipeline: keep TensorFlow off the accelerators.
-    with contextlib.suppress(RuntimeError):  # TensorFlow's devices already started
+    # tf.data is the input pipeline where installed: keep TensorFlow off the accelerators.
+    with contextlib.suppress(RuntimeError, AttributeError):  # started already; or no tf
         tf.config.set_visible_devices([], "GPU")
     if config.num_processes == 1:
         return
@@ -280,7 +282,29 @@ class Devices:
 
     def distribute_datasets_from_function(self, dataset_fn):
         processes = jax.process_count()
-        return dataset_fn(tf.distribute.InputContext(processes, jax.process_index(), processes))
+        made = dataset_fn(InputContext(processes, jax.process_index(), processes))
+        return _forever(made) if isinstance(made, Batches) else made
+
+
+@dataclasses.dataclass(frozen=True)
+class InputContext:
+    """What the input pipelines read of tf.distribute.InputContext: process
+    i of n reads pipeline i of n, its share of each global batch."""
+
+    num_input_pipelines: int
+    input_pipeline_id: int
+    num_replicas_in_sync: int
+
+    def get_per_replica_batch_size(self, global_batch_size):
+        return global_batch_size // self.num_replicas_in_sync
+
+
+def _forever(batches):
+    """host.py's numpy batches as Keras takes them, a generator, over and over:
+    Keras reads the steps it is given from one iterator (an evaluation set
+    again at every evaluation)."""
+    while True:
+        yield from batches
 
 
 def make_devices(config, variable_shapes):
