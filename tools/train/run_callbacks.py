@@ -234,8 +234,8 @@ def log_writers(config):
         )
     elif tensorflow_or_none.tf is None:  # Keras writes them through it
         print(
-            "warning: Keras writes TensorBoard logs through TensorFlow, which is not installed "
-            f"({tensorflow_or_none.INSTALL}): no TensorBoard logs.",
+            "warning: no TensorBoard logs: Keras writes them through TensorFlow, which is not "
+            f"installed; {tensorflow_or_none.INSTALL} adds it.",
             file=sys.stderr,
         )
     else:
