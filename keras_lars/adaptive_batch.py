@@ -243,7 +243,7 @@ class AdaptiveBatchSize(keras.callbacks.Callback):
     def on_train_begin(self, logs=None):
         optimizer = self._optimizer()
         self._micro = optimizer.gradient_accumulation_steps or 1
-        self._batches = int(optimizer.iterations) * self._micro
+        self._batches = int(keras.ops.convert_to_numpy(optimizer.iterations)) * self._micro
 
     def on_train_batch_end(self, batch, logs=None):
         self._batches += 1

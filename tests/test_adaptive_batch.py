@@ -148,3 +148,26 @@ def test_an_optimizer_without_the_noise_scale_is_refused():
     controller = keras_lars.AdaptiveBatchSize(8, 8, 64, every_epochs=1)
     with pytest.raises(ValueError, match="constructed with `noise_scale_batch_size`"):
         model.fit(np.ones((8, 3)), np.ones((8, 1)), verbose=0, callbacks=[controller])
+
+
+def test_under_mirrored_strategy_it_measures_from_the_replicas():
+    """Two replicas of a global batch of 8 (b = 4, B = 8): a decision every
+    2 steps reads the replicas' interval sums; a new batch sets the
+    noise-scale batch to it (no accumulation)."""
+    import tensorflow as tf
+
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(64, 3)).astype("float32")
+    y = (x @ np.array([[1.0], [-2.0], [0.5]]) + rng.normal(size=(64, 1))).astype("float32")
+    with tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"]).scope():
+        model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(1)])
+        optimizer = keras_lars.LARS(0.1, noise_scale_batch_size=8)
+        model.compile(optimizer, "mse")
+    controller = keras_lars.AdaptiveBatchSize(
+        8, 8, 64, growth_factor=2.0, target_multiple=1e6, every_steps=2, multiple_of=2
+    )
+    model.fit(x, y, batch_size=8, epochs=1, shuffle=False, verbose=0, callbacks=[controller])
+    *kept, last = controller.decisions
+    assert [d["step"] for d in controller.decisions] == [2 * n for n in range(1, len(kept) + 2)]
+    assert all(d["measurements"] == 2 for d in controller.decisions)
+    assert last["batch_size"] == 16 and optimizer.noise_scale_estimator.batch_size == 16

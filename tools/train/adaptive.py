@@ -106,7 +106,9 @@ class Decide(keras.callbacks.Callback):
         optimizer = getattr(self.model.optimizer, "inner_optimizer", self.model.optimizer)
         before = self.decisions.phases()
         reading = optimizer.noise_scale_estimator.interval_stats(reset=True)
-        decision = self.decisions.controller.decide(int(optimizer.iterations), reading)
+        decision = self.decisions.controller.decide(
+            int(keras.ops.convert_to_numpy(optimizer.iterations)), reading
+        )
         decision["epoch"] = done
         after = self.decisions.phases()
         decision["learning_rate"] = _rate_at(self.run, after, decision["step"], self.state)
