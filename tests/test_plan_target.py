@@ -117,9 +117,13 @@ def test_a_study_fit_gives_the_curve_and_its_measured_batches(tmp_path):
     noise = dict(FIT, noise_scales={"lamb": {"batch_size": 512, "noise_scale": 250.4}})
     measured = target_curve.study_curve(write_study(tmp_path / "noise", noise), "lamb")
     assert measured.source.endswith(
-        "lamb, fitted on batches 32, 128, 512; measured noise scale B_simple 250 at batch 512 "
-        "(the study's, beside this B_crit)"
+        "lamb, fitted on batches 32, 128, 512; noise-scale average B_simple 250 at batch 512 "
+        "(the study's moving average at the target step, lagged toward early training: not a "
+        "B_crit)"
     )
+    unmeasured = dict(FIT, noise_scales={"lamb": {"batch_size": 512, "noise_scale": None}})
+    diverged = target_curve.study_curve(write_study(tmp_path / "diverged", unmeasured), "lamb")
+    assert diverged.source.endswith("lamb, fitted on batches 32, 128, 512")
 
 
 def test_a_study_table_gives_the_rates_it_tuned_at_the_fitted_batches(tmp_path):

@@ -301,22 +301,25 @@ def source_flags(options):
 
 
 def _noise_scale_text(document, optimizer):
-    """'; measured noise scale B_simple 120 at batch 512' where the study's
-    fit.json holds one for `optimizer` (its "noise_scales"), else ''."""
+    """'; noise-scale average B_simple 120 at batch 512 (...)' where the
+    study's fit.json holds one for `optimizer` (its "noise_scales"), else ''
+    (also where that run measured none: a null, as for a diverged run). The
+    study's value is the estimator's moving average read at the target step,
+    weighted toward early training, so the line says it is no B_crit."""
     scales = document.get("noise_scales")
     if scales is None:
         return ""
     if not isinstance(scales, dict):
         raise untrusted_json.UntrustedFileError("noise_scales: not an object of optimizers")
     found = scales.get(optimizer)
-    if found is None:
+    if found is None or (isinstance(found, dict) and found.get("noise_scale") is None):
         return ""
     where = f"noise_scales.{optimizer}."
     scale = untrusted_json.number(found, "noise_scale", where=where)
     batch = untrusted_json.integer(found, "batch_size", where=where)
     return (
-        f"; measured noise scale B_simple {scale:,.0f} at batch "
-        f"{batch} (the study's, beside this B_crit)"
+        f"; noise-scale average B_simple {scale:,.0f} at batch {batch} (the study's moving "
+        "average at the target step, lagged toward early training: not a B_crit)"
     )
 
 
