@@ -18,6 +18,7 @@ from keras_lars.tools import checkpoints
 from keras_lars.tools import input_pipeline
 from keras_lars.tools import storage
 from keras_lars.tools.settings import ConfigError
+from keras_lars.tools.train import adaptive
 from keras_lars.tools.train import build
 from keras_lars.tools.train import feed
 from keras_lars.tools.train import model_dir
@@ -29,6 +30,7 @@ from keras_lars.tools.train.length import run_length
 from keras_lars.tools.train.preemption import Preempted
 from keras_lars.tools.train.preemption import Preemption
 from keras_lars.tools.train.runtime import runtime_class
+from keras_lars.tools.train.saved_weights import SavedWeights
 
 
 class Diverged(Exception):
@@ -51,6 +53,7 @@ class Run:
     record: dict  # config.json's content
     preemption: Preemption
     rates: list = dataclasses.field(default_factory=list)  # images/s this process measured
+    adaptive: object = None  # adaptive.Decisions under --adaptive_batch
 
 
 def train_and_evaluate(config):
@@ -74,13 +77,17 @@ def train_and_evaluate(config):
                 f"{phase.first_epoch}) has global batch {phase.global_batch_size}, not "
                 f"divisible by the {replicas} replicas of {runtime.flag}."
             )
+    if config.adaptive_batch != "off":
+        adaptive.check(config, replicas, data.info.num_train, runtime.flag)
     record = model_dir.prepare(config, data.info, runtime.strategy)
     run = Run(config, runtime, data, length, record, preemption)
+    if config.adaptive_batch != "off":
+        run.adaptive = adaptive.Decisions(config, replicas)
     chief = keras_lars.distribute.is_chief(runtime.strategy)
     with storage.exclusive(config.model_dir) if chief else contextlib.nullcontext():
         state = _train_with_rollbacks(run)
     return model_dir.write_summary(
-        config, length, state, time.time() - started, runtime.strategy, run.rates
+        config, run.length, state, time.time() - started, runtime.strategy, run.rates
     )
 
 
@@ -158,6 +165,11 @@ def _train_with_rollbacks(run):
         model, schedule, state = _restore(run, rollback)
         try:
             _fit(run, model, schedule, state)
+            if run.adaptive and run.adaptive.changed:  # on from its checkpoint, at its batch
+                rollback = None
+                keras.backend.clear_session()
+                keras.utils.set_random_seed(config.seed)
+                continue
             return state
         except target.TargetDecided:
             return state
@@ -186,9 +198,13 @@ def _restore(run, rollback):
     overrides the restored rate factor and rollback count."""
     config = run.config
 
-    def build_at(rate_factor):
+    def build_at(rate_factor, state=None):
+        phases = None
+        if run.adaptive:  # the phases decided by `state`'s decisions
+            run.adaptive.restore(state or {})
+            run.length, phases = run.adaptive.length(run.data.info.num_train), run.adaptive.phases()
         schedule = build.learning_rate_schedule(
-            config, run.length, run.data.info.num_train, rate_factor
+            config, run.length, run.data.info.num_train, rate_factor, phases
         )
         with run.runtime.strategy.scope():
             model = build.compiled_model(config, run.data.info.num_classes, schedule)
@@ -197,10 +213,12 @@ def _restore(run, rollback):
 
     factor = rollback["rate_factor"] if rollback else 1.0
     model, schedule, state = build_at(factor)
-    if not rollback and state.get("rate_factor", 1.0) != factor:  # resumed after a rollback
+    resumed_factor = rollback is None and state.get("rate_factor", 1.0) != factor
+    if resumed_factor or state.get(adaptive.STATE):  # after a rollback, or decisions
         keras.backend.clear_session()
         keras.utils.set_random_seed(config.seed)
-        model, schedule, state = build_at(state["rate_factor"])
+        factor = factor if rollback else state.get("rate_factor", 1.0)
+        model, schedule, state = build_at(factor, state)
     state.update(rollback or {})
     start, skip = state["epochs_done"], state.get("steps_done", 0)
     directory = model_dir.checkpoint_dir(config.model_dir)
@@ -230,6 +248,8 @@ def _fit(run, model, schedule, state):
     default_evaluation = evaluation(run.data)
 
     def fit(first_epoch, end_epoch, steps_per_epoch, skip=0, phase=None):
+        if run.adaptive and run.adaptive.changed:  # decided: the loop goes on at the new batch
+            return
         data, batch = run.data, config.global_batch_size
         if phase is not None:  # its batch, and its images: at its size, evaluated at it
             data, batch = phase.data, phase.global_batch_size
@@ -292,6 +312,10 @@ def _fit_phases(run, model, fit, evaluation, start, skip):
         fed = FedPhase(phase.global_batch_size, data, evaluation(data))
         if run.runtime.single_process:  # a fresh step for this phase's static shapes
             model.train_function = None
+        optimizer = getattr(model.optimizer, "inner_optimizer", model.optimizer)
+        if getattr(optimizer, "noise_scale_estimator", None):  # measured at this batch
+            micro_batch = phase.global_batch_size // run.config.gradient_accumulation_steps
+            optimizer.noise_scale_estimator.batch_size = micro_batch
         if skip:  # the rest of the epoch a checkpoint was taken inside
             fit(start, start + 1, phase.steps_per_epoch - skip, skip, fed)
             start, skip = start + 1, 0
@@ -329,6 +353,7 @@ def make_callbacks(run, schedule, state):
         *([keras_lars.NoiseScaleMonitor()] if config.noise_scale else []),  # into the logs
         *([run_callbacks.BatchLog(run.length, config.image_size)] if run.length.phases else []),
         evaluations,  # before Checkpointing, which saves the target it finds
+        *([run.adaptive.callback(run, state)] if run.adaptive else []),  # and the decisions
         Checkpointing(run, state, counter, throughput),
         run_callbacks.ProgressBar(run.length),
     ]
@@ -336,4 +361,7 @@ def make_callbacks(run, schedule, state):
         found.insert(0, keras_lars.DivergenceGuard())
     if keras_lars.distribute.is_chief(run.runtime.strategy):  # only the chief writes logs
         found += run_callbacks.log_writers(config)
+        if config.save_weights_at_steps:  # after the counter, before a target's stop
+            saved = SavedWeights(counter, config.save_weights_at_steps, config.model_dir)
+            found.insert(found.index(counter) + 1, saved)
     return found

@@ -243,6 +243,8 @@ def write_summary(config, length, state, wall_seconds, strategy, rates=()):
         summary["target"] = reached
     if length.phases:  # --batch_schedule; each epoch's batch and rate are in the history
         summary["phases"] = [dataclasses.asdict(phase) for phase in length.phases]
+    if state.get("adaptive_batch"):  # --adaptive_batch's decisions (tools/train/adaptive.py)
+        summary["adaptive_batch"] = state["adaptive_batch"]["decisions"]
     if is_chief(strategy):
         storage.write_json(os.path.join(config.model_dir, SUMMARY_FILE), summary)
     shown = " ".join(
