@@ -298,32 +298,104 @@ SMOKE = {
 # command, 2 processes), each with its reason: the run's summary names a
 # longer test that is not here, and fails the run past timing's generous cap.
 # Keys are `module.py::test[parameters]`, where `*` matches any text.
-_TOOL_PROCESSES = "starts the training tool in child processes (TensorFlow's start, a model traced)"
+# Worker seconds (README's test command, quiet, 2026-12-07, tests/durations.md) in
+# brackets; a module fixture's time is its first test's.
+_JAX_RUNS = "JAX tool processes on 8 simulated devices"
+_RESUMES = "the tool killed or signalled, rerun, and compared with an uninterrupted run"
 LONG_TESTS = {
-    "test_train_jax.py::*": "JAX tool processes on 8 simulated devices, XLA compilations",
-    "test_elastic_resume.py::*": "real multi-worker runs, resumed on another worker count",
-    "test_plan_hlo.py::*": "the tool's JAX step compiled on 8 and 64 simulated devices",
-    "test_train_cluster.py::*": "real multi-worker runs on localhost",
-    "test_launchers.py::*": "real multi-worker runs through each launcher's environment",
-    "test_cluster_resolution.py::*": "real multi-worker starts through cluster managers' files",
-    "test_train_accumulation.py::*": _TOOL_PROCESSES,
-    "test_distribute.py::*": "MultiWorkerMirroredStrategy in real worker processes",
-    "test_train_resume.py::*": _TOOL_PROCESSES + ", killed and resumed",
-    "test_train_runs.py::*": _TOOL_PROCESSES,
-    "test_train_loop.py::*": _TOOL_PROCESSES,
-    "test_train_checkpoints.py::*": _TOOL_PROCESSES,
-    "test_batch_study.py::*": "the study's cells, each a training run",
-    "test_batch_study_target.py::*": "the steps-to-target study's trials, each a training run",
-    "test_bad_input.py::*": _TOOL_PROCESSES,
-    "test_batch_schedule_tool.py::*": _TOOL_PROCESSES + " in phases",
-    "test_signals.py::*": _TOOL_PROCESSES + ", signalled",
-    "test_fashion_mnist.py::*": _TOOL_PROCESSES,
-    "test_resume_mismatch.py::*": _TOOL_PROCESSES,
-    "test_jax_distribution.py::*": "JAX processes on simulated devices",
-    "test_compat.py::*": "MirroredStrategy fits on two logical CPUs",
-    "test_models.py::*": "ResNet and AlexNet traced and stepped",
-    "test_mirrored_steps.py::*": "MirroredStrategy steps on two logical CPUs",
-    "test_benchmark_allreduce.py::*": "all-reduce benchmarks in worker processes",
+    "test_train_jax.py::test_every_distribution_steps_as_one_device[data_parallel_8]": (
+        f"{_JAX_RUNS}: the `runs` fixture, seven runs of ResNet-18, each compiled (201 s)"
+    ),
+    "test_train_jax.py::test_a_sigterm_then_a_killed_process_and_the_reruns_end_as_the_"
+    "uninterrupted_run": f"{_JAX_RUNS}: three 2-process runs, {_RESUMES} (139 s)",
+    "test_train_jax.py::test_a_batch_schedule_runs_on_jax_at_the_closed_form_rate": (
+        "a JAX tool run in two phases, each compiled (27 s)"
+    ),
+    "test_plan_hlo.py::test_the_planned_bytes_are_the_compiled_steps_within_2_percent"
+    "[alexnet:data_parallel:8:1:224:256]": "the `compiled` fixture: the tool's JAX step of "
+    "AlexNet and ResNet-50 at 224 compiled on 8 and 64 simulated devices (192 s)",
+    "test_plan_layout.py::test_the_planned_layout_steps_as_one_device": (
+        "JAX tool runs of a planned layout against one device (46 s)"
+    ),
+    "test_plan_layout.py::test_the_planned_layout_compiles_to_the_planned_bytes_fewer_than_"
+    "data_parallel": "the tool's JAX step compiled under a planned layout (19 s)",
+    "test_train_cluster.py::test_a_sigterm_then_a_killed_worker_and_the_reruns_end_as_the_"
+    "uninterrupted_run": f"2-worker TensorFlow runs, {_RESUMES} (100 s)",
+    "test_train_cluster.py::test_bfloat16_all_reduce_on_two_workers_rounds_only_the_summed_"
+    "gradients": "2-worker runs in float32 and bfloat16 all-reduce (41 s)",
+    "test_elastic_resume.py::test_two_workers_with_a_batch_change_equal_one_process": (
+        "the `synced` fixture: a 2-worker and a 1-process run (67 s)"
+    ),
+    "test_elastic_resume.py::test_an_unsynced_run_on_the_other_layout_is_refused_naming_both"
+    "[2_workers_to_1]": "the `unsynced` fixture: a 2-worker and a 1-process run (43 s)",
+    "test_elastic_resume.py::test_a_synced_run_resumes_exactly_on_the_other_layout[*]": (
+        "a resume on the other worker count (21-29 s)"
+    ),
+    "test_launchers.py::test_slurm_tasks_become_workers_at_ports_of_the_job": (
+        "the `tf_runs` fixture: 2-worker runs through SLURM's and a chief's environment (54 s)"
+    ),
+    "test_launchers.py::test_jax_slurm_processes_step_as_one_device": (
+        "2 JAX processes through SLURM's environment against one (54 s)"
+    ),
+    "test_distribute.py::test_two_workers_match_single_process_on_the_global_batches": (
+        "the `two_worker_training` fixture: MultiWorkerMirroredStrategy in 2 processes (23 s)"
+    ),
+    "test_distribute.py::test_killed_worker_restarts_from_backup_and_ends_like_uninterrupted_"
+    "run": f"2 worker processes, {_RESUMES} (22 s)",
+    "test_train_runs.py::test_each_model_family_trains_on_generated_tfrecords": (
+        "the tool on records, each model family in its own process (64 s)"
+    ),
+    "test_train_runs.py::test_bad_input_is_one_line_naming_the_flag_or_file": (
+        "seven tool processes, each ending in its error line (36 s)"
+    ),
+    "test_train_loop.py::test_help_lists_every_setting": (
+        "the `launches` fixture: six single-process tool runs (64 s)"
+    ),
+    "test_train_resume.py::test_rerun_after_kill_resumes_and_ends_as_an_uninterrupted_run": (
+        f"{_RESUMES} (46 s)"
+    ),
+    "test_train_resume.py::test_sigterm_saves_within_the_epoch_and_the_rerun_ends_as_an_"
+    "uninterrupted_run": f"{_RESUMES} (37 s)",
+    "test_train_accumulation.py::test_a_stop_inside_an_epoch_resumes_at_an_update_and_ends_as_"
+    "the_uninterrupted_run": f"{_RESUMES}, with micro-batches (42 s)",
+    "test_train_accumulation.py::test_on_the_jax_backend_too": (
+        "the tool on JAX with micro-batches, in its own process (24 s)"
+    ),
+    "test_train_flags.py::test_two_replicas_train_and_evaluate_padded_batches": (
+        "a tool run on two replicas, AlexNet-BN on records (28 s)"
+    ),
+    "test_train_adaptive.py::test_a_decision_changes_the_batch_and_a_rerun_from_its_"
+    "checkpoint_decides_alike": "an adaptive run and its rerun from a checkpoint (27 s)",
+    "test_batch_schedule_tool.py::test_sigterm_inside_the_second_phase_and_the_rerun_ends_as_"
+    "an_uninterrupted_run": f"{_RESUMES}, in phases (45 s)",
+    "test_signals.py::test_sigterm_to_the_study_stops_its_running_cell_naming_it_and_a_rerun_"
+    "resumes_it": "the study in a process, signalled and rerun (45 s)",
+    "test_signals.py::test_sighup_checkpoints_and_exits_75_like_sigterm": (
+        "the tool in a process, signalled and rerun (24 s)"
+    ),
+    "test_bad_input.py::test_a_deleted_config_json_still_refuses_other_settings_naming_them": (
+        "the `lars_run` fixture: a short run in this process, then a refused rerun (24 s)"
+    ),
+    "test_bad_input.py::test_a_resumed_run_reports_its_own_throughput_not_the_checkpoints": (
+        "two short runs in this process, the second resuming the first (23 s)"
+    ),
+    "test_batch_study.py::test_tiny_sweep_writes_tables_and_plot_and_reuses_finished_cells": (
+        "a tiny study's cells, each a training run, then its rerun (37 s)"
+    ),
+    "test_batch_study.py::test_batch_control_cells_train_and_are_tabled": (
+        "the batch-control cells, each a training run (35 s)"
+    ),
+    "test_batch_study.py::test_a_tfrecord_dataset_sweeps_up_to_its_whole_training_set": (
+        "a study's cells on records (21 s)"
+    ),
+    "test_batch_study_target.py::test_a_tiny_target_study_end_to_end_and_its_resume": (
+        "a tiny steps-to-target study, its trials training runs, then its resume (68 s)"
+    ),
+    "test_batch_study_quasi.py::test_a_tiny_quasi_random_study_trains_end_to_end": (
+        "a tiny quasi-random study with its noise measurement (19 s)"
+    ),
+    "test_plan_target.py::test_the_console_script_prints_the_grid_and_bad_input_is_one_line_"
+    "exit_1": "the planner's console script started for each case (23 s)",
 }
 
 
