@@ -483,6 +483,7 @@ def test_a_batch_schedule_runs_on_jax_at_the_closed_form_rate(tmp_path):
     code, output = finish(
         start(
             [
+                "--model=simple_cnn",  # the rates' closed form is any model's; compiles fast
                 "--image_size=8",
                 "--batch_schedule=0:256,1:512",
                 "--batch_coupling=linear",

@@ -308,9 +308,6 @@ LONG_TESTS = {
     ),
     "test_train_jax.py::test_a_sigterm_then_a_killed_process_and_the_reruns_end_as_the_"
     "uninterrupted_run": f"{_JAX_RUNS}: three 2-process runs, {_RESUMES} (139 s)",
-    "test_train_jax.py::test_a_batch_schedule_runs_on_jax_at_the_closed_form_rate": (
-        "a JAX tool run in two phases, each compiled (27 s)"
-    ),
     "test_plan_hlo.py::test_the_planned_bytes_are_the_compiled_steps_within_2_percent"
     "[alexnet:data_parallel:8:1:224:256]": "the `compiled` fixture: the tool's JAX step of "
     "AlexNet and ResNet-50 at 224 compiled on 8 and 64 simulated devices (192 s)",
