@@ -393,6 +393,39 @@ LONG_TESTS = {
     ),
     "test_plan_target.py::test_the_console_script_prints_the_grid_and_bad_input_is_one_line_"
     "exit_1": "the planner's console script started for each case (23 s)",
+    # Over 20 s on the oldest pair only (`nox -s oldest_ci`, 2026-12-07; newest in brackets):
+    "test_flags_first.py::test_the_backend_read_without_keras_is_keras_s": (
+        "a script's process per environment (60 s; 14 s)"
+    ),
+    "test_batch_schedule.py::test_fit_uses_the_closed_form_rate_at_every_step[*]": (
+        "fits step by step, its first case tracing slowly on TensorFlow 2.17 (58 s; under 5 s)"
+    ),
+    "test_fashion_mnist.py::test_the_tool_trains_an_epoch_on_the_files": (
+        "the tool trains an epoch of generated IDX files in a process (43 s; 12 s)"
+    ),
+    "test_mirrored_steps.py::test_each_mirrored_strategy_workaround_is_needed": (
+        "a child process without each workaround (38 s; 14 s)"
+    ),
+    "test_jax_distribution.py::test_distributed_training_equals_one_device[data_parallel_8-*]": (
+        "the `results` fixture: JAX processes on 8 simulated devices (30 s; 13 s)"
+    ),
+    "test_quiet.py::test_a_program_shows_our_lines_only_unless_the_user_set_the_log_level": (
+        "programs started at each log level (29 s; 14 s)"
+    ),
+    "test_cluster_resolution.py::test_each_bad_start_of_the_tool_is_one_line": (
+        "a tool process per bad start (28 s; 17 s)"
+    ),
+    "test_cluster_resolution.py::test_the_tool_outside_srun_says_what_is_missing_and_writes_"
+    "nothing": "tool processes outside srun (21 s; 9 s)",
+    "test_benchmark_allreduce.py::test_two_real_workers_measure_every_size_form_and_dtype": (
+        "the all-reduce benchmark in 2 worker processes (25 s; 12 s)"
+    ),
+    "test_noise_scale.py::test_replicas_of_two_workers_match_brute_force": (
+        "2 worker processes against a per-example computation (23 s; 17 s)"
+    ),
+    "test_golden.py::test_jax_matches_upstream[*]": (
+        "the `jax_trajectories` fixture: the upstream cases replayed on JAX (23 s; 7 s)"
+    ),
 }
 
 
