@@ -24,6 +24,7 @@ def flags_page():
     from keras_lars.tools import benchmark_allreduce
     from keras_lars.tools import benchmark_noise_scale
     from keras_lars.tools import benchmark_optimizers
+    from keras_lars.tools import benchmark_plan
     from keras_lars.tools import benchmark_train
     from keras_lars.tools import make_tfrecords
     from keras_lars.tools import plan
@@ -91,6 +92,14 @@ def flags_page():
             "Step time with the gradient noise-scale estimate against without it, side by "
             "side: from micro-batches, from replicas, on JAX.",
             [settings.markdown_table(benchmark_noise_scale.NoiseScaleBenchmarkSettings)],
+        ),
+        (
+            "python -m keras_lars.tools.benchmark_plan",
+            None,
+            "keras-lars-plan's time to accuracy against measurement: a short run times this "
+            "machine, the planner plans the time to a study's target at other batches, and "
+            "those are trained to it with the study's settings; see [benchmarks](benchmarks.md).",
+            [settings.markdown_table(benchmark_plan.BenchmarkSettings)],
         ),
     ]
     lines = [

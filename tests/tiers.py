@@ -67,6 +67,7 @@ _LIBRARY_TRAINING = (
     ("keras_lars.tools.batch_study", "run_study"),
     ("keras_lars.tools.batch_study", "run_cell"),
     ("keras_lars.tools.batch_study", "run_target_study"),
+    ("keras_lars.tools.benchmark_plan", "benchmark"),  # a calibration run, then runs to a target
 )
 # tests/ helpers that train a run cut to a few steps (the guard checks that):
 # a test that reaches _LIBRARY_TRAINING through them only stays fast.
