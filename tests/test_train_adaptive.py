@@ -141,8 +141,10 @@ def test_a_decision_changes_the_batch_and_a_rerun_from_its_checkpoint_decides_al
     """128 digits, batch 64 in 2 micro-batches of 32 (the noise scale's two
     sizes): epoch 1 has 2 updates; the decision after it takes the batch to
     its cap 64 x 2 (target 1e6 x B_simple), the rate to AdaScale's gain, and
-    epoch 2 has 1 update of 128."""
+    epoch 2 has 1 update of 128. The simple CNN (327k parameters at 8x8):
+    the decision is any model's."""
     settings = dict(
+        model="simple_cnn",
         global_batch_size=64,
         gradient_accumulation_steps=2,
         adaptive_batch="adascale",
@@ -164,7 +166,8 @@ def test_a_decision_changes_the_batch_and_a_rerun_from_its_checkpoint_decides_al
         "rate_factor": gain,
         "learning_rate": decision["learning_rate"],
     }
-    assert scale > 0 and decision["standard_error"] > 0
+    error = decision["standard_error"]
+    assert scale > 0 and error > 0
     # The rate of step 2 (epoch 1 done, no warmup, total 2): end + (peak - end) (1 - 1/2)^2.
     peak, end = config.peak_learning_rate, config.end_learning_rate
     expected = gain * (end + (peak - end) * 0.25)
@@ -172,6 +175,15 @@ def test_a_decision_changes_the_batch_and_a_rerun_from_its_checkpoint_decides_al
     assert [h["global_batch_size"] for h in summary["history"]] == [64, 128]
     assert [h["steps"] for h in summary["history"]] == [2, 3]
     assert [p["global_batch_size"] for p in summary["phases"]] == [64, 128]
+    # The reading, at the epoch that decided, in the history and TensorBoard's logs.
+    reading = {"adaptive_noise_scale": scale, "adaptive_noise_scale_error": error}
+    assert [{k: h.get(k) for k in reading} for h in summary["history"]] == [
+        reading,
+        dict.fromkeys(reading),
+    ]
+    logged = _tensorboard_scalars(run / "logs" / "train")
+    for tag, value in reading.items():
+        assert logged["epoch_" + tag] == [(0, pytest.approx(value, rel=1e-6))]
     out = capsys.readouterr().out
     assert (
         f"adaptive batch: after epoch 1 (step 2), B_simple {scale:.4g} +- "
@@ -206,6 +218,19 @@ def _assert_same_weights(expected_path, actual_path):
             np.testing.assert_allclose(actual[name], value, rtol=1e-4, atol=0, err_msg=name)
         else:
             np.testing.assert_array_equal(actual[name], value, err_msg=name)
+
+
+def _tensorboard_scalars(log_dir):
+    """{tag: [(step, value)]} of the event files in `log_dir`."""
+    import tensorflow as tf
+
+    series = {}
+    for path in sorted(log_dir.glob("events.out.tfevents.*")):
+        for event in tf.compat.v1.train.summary_iterator(str(path)):
+            for value in event.summary.value:
+                scalar = float(tf.make_ndarray(value.tensor))
+                series.setdefault(value.tag, []).append((event.step, scalar))
+    return series
 
 
 def _untimed(history):

@@ -21,6 +21,9 @@ from keras_lars.tools.train import build
 from keras_lars.tools.train import length as run_lengths
 
 STATE = "adaptive_batch"  # the decisions' key in the run's state and summary.json
+# A decision's reading in the epoch's logs (TensorBoard's epoch_*, the history);
+# the batch and the learning rate are there already (BatchLog, LearningRateLog).
+LOGGED = {"noise_scale": "adaptive_noise_scale", "standard_error": "adaptive_noise_scale_error"}
 
 
 def check(config, replicas, num_train, flag):
@@ -92,8 +95,9 @@ class Decisions:
 class Decide(keras.callbacks.Callback):
     """At the end of every --adaptive_batch_every_epochs-th epoch (not the
     run's last): reads B_simple of the updates since the last decision,
-    decides, prints it, and puts the decisions into `state` (list it before
-    Checkpointing, which saves them). Stops the fit where the phases change."""
+    decides, prints it, puts the decisions into `state` (list it before
+    Checkpointing, which saves them) and the reading into the epoch's logs (before
+    the log writers). Stops the fit where the phases change."""
 
     def __init__(self, decisions, run, state):
         super().__init__()
@@ -113,6 +117,9 @@ class Decide(keras.callbacks.Callback):
         after = self.decisions.phases()
         decision["learning_rate"] = _rate_at(self.run, after, decision["step"], self.state)
         self.state[STATE] = self.decisions.controller.get_state()
+        if logs is not None and math.isfinite(decision["noise_scale"]):  # TensorBoard, history
+            logs[LOGGED["noise_scale"]] = decision["noise_scale"]
+            logs[LOGGED["standard_error"]] = decision["standard_error"]
         if after != before:
             self.decisions.changed = True
             self.model.stop_training = True
