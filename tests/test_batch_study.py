@@ -1,12 +1,13 @@
 """The large-batch study (keras_lars.tools.batch_study): a tiny sweep end to end,
 reuse of finished cells, cell keys, rates, aggregation and bad flags."""
 
+import contextlib
 import csv
 import dataclasses
 import json
+import logging
 import os
-import subprocess
-import sys
+import shutil
 
 import keras
 import numpy as np
@@ -14,28 +15,56 @@ import pytest
 from absl import flags
 from PIL import Image
 
+from keras_lars import models
 from keras_lars.tools import batch_study
 from keras_lars.tools import input_pipeline
+from keras_lars.tools import settings
 from keras_lars.tools import train
 from tests import train_data
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
-# The sweeps that train check the study's bookkeeping, not a network: AlexNet-BN
-# trains a cell in about two thirds of ResNet-18's time (8x8 digits, 2026-12-03),
-# on the first 640 digits (all 1,438 until 2026-12-04: twice the images for the
-# same bookkeeping).
+# The studies that train check the study's bookkeeping, not a network: their
+# cells name --model=alexnet_bn (a model with batch norm, for precise BN) and
+# build tiny_bn_model in its place, on the first 640 digits at 8x8 (AlexNet-BN
+# itself, 21.6M parameters there, took three times as long a cell, 2026-12-07).
 CELL_MODEL = "--model=alexnet_bn"
 EXAMPLES = 640
-TINY = [
+
+
+def tiny_bn_model(num_classes, input_shape, sync_batch_norm=False):
+    """The sweeps' stand-in for AlexNet-BN: a 3x3 convolution of 8 filters
+    without bias, batch norm, ReLU, global average pooling and the logits;
+    with 3 channels and 10 classes 216 + 16 + 90 = 322 trainable parameters
+    (16 more moving statistics)."""
+    inputs = keras.Input(input_shape)
+    x = keras.layers.Conv2D(8, 3, padding="same", use_bias=False)(inputs)
+    x = keras.layers.BatchNormalization(momentum=0.9, epsilon=1e-5, synchronized=sync_batch_norm)(x)
+    x = keras.layers.GlobalAveragePooling2D()(keras.layers.ReLU()(x))
+    return keras.Model(inputs, keras.layers.Dense(num_classes)(x), name="alexnet_bn")
+
+
+@contextlib.contextmanager
+def tiny_cells():
+    """--model=alexnet_bn builds tiny_bn_model while inside."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setitem(models.BUILDERS, "alexnet_bn", tiny_bn_model)
+        yield
+
+
+# One study (the `sweep` fixture) for the tests that read it: the grid, SGD
+# and LARS at 256 and at every training image, 2 epochs, and SGD's
+# batch-control cells, a ramp from 256 to every image after the first epoch.
+GRID = [
     CELL_MODEL,
     "--image_size=8",
     f"--train_examples={EXAMPLES}",
-    "--train_epochs=1",
+    "--train_epochs=2",
     "--warmup_epochs=0",
     "--batch_sizes=256,full",
     "--optimizers=sgd,lars",
     "--seeds=1",
 ]
+SWEEP = [*GRID, f"--control_schedule=0:256,1:{EXAMPLES}", "--control_optimizers=sgd"]
 
 
 def parse(*argv):
@@ -61,23 +90,43 @@ def store_lines(study_dir):
         return f.read().splitlines()
 
 
-def test_tiny_sweep_writes_tables_and_plot_and_reuses_finished_cells(tmp_path, monkeypatch):
+@pytest.fixture(scope="module")
+def sweep(tmp_path_factory):
+    """SWEEP run once: (its study dir, the runs it trained, as (optimizer,
+    first batch, --batch_schedule, --batch_coupling), the keys run_study
+    returned)."""
+    study_dir = str(tmp_path_factory.mktemp("sweep") / "study")
     trainings = []
     real = train.train_and_evaluate
 
     def counting(config):
-        trainings.append((config.optimizer, config.global_batch_size))
+        trainings.append(
+            (
+                config.optimizer,
+                config.global_batch_size,
+                config.batch_schedule,
+                config.batch_coupling,
+            )
+        )
         return real(config)
 
-    monkeypatch.setattr(train, "train_and_evaluate", counting)
-    study_dir = str(tmp_path / "study")
+    with tiny_cells(), pytest.MonkeyPatch.context() as patch:
+        patch.setattr(train, "train_and_evaluate", counting)
+        _, trained = batch_study.run_study(parse(*SWEEP, f"--study_dir={study_dir}"))
+    return study_dir, trainings, trained
+
+
+def test_tiny_sweep_writes_tables_and_plot_and_reuses_finished_cells(sweep, tmp_path, monkeypatch):
+    study_dir, trainings, trained = sweep
     num_train = input_pipeline.Digits(image_size=8, train_examples=EXAMPLES).info.num_train
     assert num_train == EXAMPLES
     batches = (256, num_train)
     base = {"sgd": 0.1, "lars": 2.5}  # the defaults, linear scaling
-
-    batch_study.run_study(parse(*TINY, f"--study_dir={study_dir}"))
-    assert sorted(trainings) == sorted((o, b) for o in base for b in batches)
+    ramp = f"0:256,1:{num_train}"
+    # The grid's cells, then SGD's ramp and grow; its fixed cell is the grid's.
+    grid = [(o, b, "", train.Config().batch_coupling) for o in base for b in batches]
+    assert trainings == [*grid, ("sgd", 256, ramp, "linear"), ("sgd", 256, ramp, "grow")]
+    assert len(set(trained)) == len(trained) == 6
 
     rows = read_csv(os.path.join(study_dir, "cells.csv"))
     assert len(rows) == 4
@@ -89,16 +138,19 @@ def test_tiny_sweep_writes_tables_and_plot_and_reuses_finished_cells(tmp_path, m
         for metric in ("test_accuracy", "test_accuracy_precise_bn", "train_accuracy"):
             assert 0.0 <= float(row[metric]) <= 1.0, metric
         assert np.isfinite(float(row["test_loss_precise_bn"])) and float(row["wall_seconds"]) > 0
-        # One epoch: floor(N / B) optimizer steps, counted by the optimizer.
-        assert int(row["steps"]) == num_train // batch == int(row["steps_per_epoch"])
-        assert int(row["epochs"]) == 1 and int(row["warmup_steps"]) == 0
+        # Two epochs: 2 floor(N / B) optimizer steps, counted by the optimizer.
+        assert int(row["steps"]) == 2 * (num_train // batch)
+        assert int(row["steps_per_epoch"]) == num_train // batch
+        assert int(row["epochs"]) == 2 and int(row["warmup_steps"]) == 0
         assert float(row["peak_learning_rate"]) == pytest.approx(
             base[row["optimizer"]] * batch / 256
         )
         assert row["full_batch"] == str(batch == num_train)
+    assert [r["key"] for r in rows] == trained[:4]
     cells = read_json(os.path.join(study_dir, "cells.json"))
     assert cells["study"]["train_examples"] == num_train
     assert cells["study"]["batch_sizes"] == list(batches)
+    assert cells["study"]["model"] == "alexnet_bn"
     assert [{k: str(v) for k, v in r.items()} for r in cells["rows"]] == rows
 
     aggregate = read_csv(os.path.join(study_dir, "aggregate.csv"))
@@ -119,13 +171,19 @@ def test_tiny_sweep_writes_tables_and_plot_and_reuses_finished_cells(tmp_path, m
         image.verify()
     with Image.open(png) as image:
         assert image.format == "PNG" and min(image.size) > 100
-    assert len(store_lines(study_dir)) == 4
+    assert len(store_lines(study_dir)) == 6
 
-    # The same command again: nothing is trained, the tables are the same.
-    _, trained = batch_study.run_study(parse(*TINY, f"--study_dir={study_dir}"))
-    assert trained == [] and len(trainings) == 4
-    assert read_csv(os.path.join(study_dir, "cells.csv")) == rows
-    assert len(store_lines(study_dir)) == 4
+    # The same command again, on a copy: nothing is trained, the tables are the same.
+    again = str(tmp_path / "study")
+    shutil.copytree(study_dir, again)
+
+    def refused(config):
+        raise AssertionError(f"{config.model_dir} trained again")
+
+    monkeypatch.setattr(train, "train_and_evaluate", refused)
+    assert batch_study.run_study(parse(*SWEEP, f"--study_dir={again}"))[1] == []
+    assert read_csv(os.path.join(again, "cells.csv")) == rows
+    assert len(store_lines(again)) == 6
 
     # Another SGD rate changes the SGD cells' configs: those, and only those,
     # run again (a stand-in records the cells it is asked to train).
@@ -139,7 +197,7 @@ def test_tiny_sweep_writes_tables_and_plot_and_reuses_finished_cells(tmp_path, m
 
     monkeypatch.setattr(batch_study.runner, "run_cell", stand_in)  # run_study looks it up there
     _, trained = batch_study.run_study(
-        parse(*TINY, f"--study_dir={study_dir}", "--base_learning_rates=sgd=0.2")
+        parse(*GRID, f"--study_dir={again}", "--base_learning_rates=sgd=0.2")
     )
     assert [(c.optimizer, c.batch_size) for c in asked] == [("sgd", b) for b in batches]
     assert trained == [c.key for c in asked]
@@ -147,7 +205,7 @@ def test_tiny_sweep_writes_tables_and_plot_and_reuses_finished_cells(tmp_path, m
         c.config.peak_learning_rate == pytest.approx(0.2 * c.batch_size / 256) for c in asked
     )
     assert not {c.key for c in asked} & {r["key"] for r in rows}
-    assert len(store_lines(study_dir)) == 6 and len(trainings) == 4
+    assert len(store_lines(again)) == 8
 
 
 def test_peak_rates_follow_each_rule():
@@ -309,42 +367,57 @@ def test_bad_batch_plans_are_refused_before_training():
             batch_study.make_cells(parse(*argv), 1438)
 
 
+def run_main(*argv):
+    """keras-lars-study `argv` in this process, without its ~6 s start: absl
+    parses `argv` with the study's flags and cli.main runs. Returns the
+    SystemExit main ended with (None if it returned). TensorFlow's logger
+    level, which main sets, is put back."""
+    flag_values = flags.FlagValues()
+    batch_study.define_flags(flag_values)
+    logger = logging.getLogger("tensorflow")
+    level = logger.level
+    try:
+        settings.parse_flags(["batch_study", *argv], flag_values)
+        batch_study.cli.main(["batch_study"], flag_values)
+    except SystemExit as stopped:
+        return stopped
+    finally:
+        logger.setLevel(level)
+    return None
+
+
 def test_command_line_error_is_one_line(tmp_path):
+    # A batch found too large once the data are loaded (after Keras): main
+    # ends in sys.exit("error: ..."), which the interpreter prints alone, as
+    # its one line on stderr, with exit status 1 (test_flags_first starts
+    # keras-lars-study for an error found before Keras loads).
     study_dir = tmp_path / "study"
-    script = os.path.join(os.path.dirname(sys.executable), "keras-lars-study")
-    process = subprocess.run(
-        [script, "--batch_sizes=64,4096", f"--study_dir={study_dir}"],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"),
-    )
-    assert process.returncode == 1
-    errors = [line for line in process.stderr.splitlines() if line.startswith("error:")]
-    assert errors == [
+    stopped = run_main("--batch_sizes=64,4096", f"--study_dir={study_dir}")
+    assert isinstance(stopped, SystemExit) and stopped.code == (
         "error: --batch_sizes=64,4096: 4096 exceeds the 1438 training "
         "examples (an epoch would have no step)."
-    ]
-    assert "Traceback" not in process.stderr
+    )
     assert not study_dir.exists()
 
 
 def test_a_tfrecord_dataset_sweeps_up_to_its_whole_training_set(tmp_path):
     records = train_data.imagenet_records(str(tmp_path), train_per_class=8, eval_per_class=2)
     study_dir = str(tmp_path / "study")
-    rows, trained = batch_study.run_study(
-        parse(
-            "--dataset=imagenet",
-            f"--data_dir={records}",
-            "--image_size=8",
-            "--train_epochs=1",
-            "--warmup_epochs=0",
-            "--optimizers=lamb",
-            "--batch_sizes=full",
-            "--seeds=1",
-            f"--study_dir={study_dir}",
+    with tiny_cells():
+        rows, trained = batch_study.run_study(
+            parse(
+                CELL_MODEL,
+                "--dataset=imagenet",
+                f"--data_dir={records}",
+                "--image_size=8",
+                "--train_epochs=1",
+                "--warmup_epochs=0",
+                "--optimizers=lamb",
+                "--batch_sizes=full",
+                "--seeds=1",
+                f"--study_dir={study_dir}",
+            )
         )
-    )
     # 4 classes x 8 training images (dataset.json): one step of 32 per epoch.
     assert len(trained) == 1 and len(rows) == 1
     assert (rows[0]["batch_size"], rows[0]["steps"], rows[0]["full_batch"]) == (32, 1, True)
@@ -465,34 +538,28 @@ def test_control_schedules_that_do_not_fit_are_refused_before_training():
             batch_study.make_cells(parse(*argv), 1438)
 
 
-def test_batch_control_cells_train_and_are_tabled(tmp_path):
-    study_dir = str(tmp_path / "study")
-    argv = [
-        CELL_MODEL,
-        "--image_size=8",
-        f"--train_examples={EXAMPLES}",
-        "--train_epochs=2",
-        "--warmup_epochs=0",
-        "--optimizers=sgd",
-        "--batch_sizes=512",
-        "--seeds=1",
-        "--control_schedule=0:256,1:512",
-        f"--study_dir={study_dir}",
-    ]
-    _, trained = batch_study.run_study(parse(*argv))
-    assert len(trained) == 3  # grid 512 (= fixed), ramp, grow
+def test_batch_control_cells_train_and_are_tabled(sweep):
+    study_dir, _, trained = sweep
+    assert len(trained) == 6  # the grid's 4 (SGD's at 640 = its fixed cell), ramp, grow
     rows = read_csv(os.path.join(study_dir, "batch_control.csv"))
-    assert [(r["kind"], r["batch_schedule"]) for r in rows] == [
-        ("fixed", "0:512"),
-        ("ramp", "0:256,1:512"),
-        ("grow", "0:256,1:512"),
+    n = EXAMPLES
+    assert [(r["optimizer"], r["kind"], r["batch_schedule"]) for r in rows] == [
+        ("sgd", "fixed", f"0:{n}"),
+        ("sgd", "ramp", f"0:256,1:{n}"),
+        ("sgd", "grow", f"0:256,1:{n}"),
     ]
-    n = EXAMPLES  # fixed: 1 step an epoch; ramp and grow: 2, then 1
-    assert [int(r["steps"]) for r in rows] == [2 * (n // 512)] + [n // 256 + n // 512] * 2
-    assert read_csv(os.path.join(study_dir, "cells.csv"))[0]["key"] == rows[0]["key"]
+    # fixed: 1 step an epoch; ramp and grow: 2, then 1
+    assert [int(r["steps"]) for r in rows] == [2 * (n // n)] + [n // 256 + n // n] * 2
+    grid = {
+        (r["optimizer"], int(r["batch_size"])): r
+        for r in read_csv(os.path.join(study_dir, "cells.csv"))
+    }
+    assert grid[("sgd", n)]["key"] == rows[0]["key"]
+    assert [r["key"] for r in rows[1:]] == trained[4:]
     # The rate after each epoch (at e = 1, 2 epochs done), closed form: f(e) =
-    # end + (peak - end) * (1 - e / 2)^2. fixed: peak 0.2 (0.1 * 512 / 256); ramp:
-    # peak 0.1 at batch 256, times 512 / 256 from e = 1 (phase 2); grow holds 0.1.
+    # end + (peak - end) * (1 - e / 2)^2. fixed: peak 0.25 (0.1 * 640 / 256);
+    # ramp: peak 0.1 at batch 256, times 640 / 256 from e = 1 (phase 2); grow
+    # holds 0.1.
     rates = {}
     for row in rows:
         stored = (json.loads(line) for line in store_lines(study_dir))
@@ -503,8 +570,8 @@ def test_batch_control_cells_train_and_are_tabled(tmp_path):
     def f(peak, e):
         return end + (peak - end) * (1 - e / 2) ** 2
 
-    assert rates["fixed"] == pytest.approx([f(0.2, 1), f(0.2, 2)], rel=1e-6)
-    assert rates["ramp"] == pytest.approx([2 * f(0.1, 1), 2 * f(0.1, 2)], rel=1e-6)
+    assert rates["fixed"] == pytest.approx([f(0.25, 1), f(0.25, 2)], rel=1e-6)
+    assert rates["ramp"] == pytest.approx([2.5 * f(0.1, 1), 2.5 * f(0.1, 2)], rel=1e-6)
     assert rates["grow"] == pytest.approx([0.1, 0.1], rel=1e-6)
     with Image.open(os.path.join(study_dir, "batch_control.png")) as image:
         assert image.format == "PNG" and min(image.size) > 100

@@ -24,6 +24,7 @@ from keras_lars.tools.train import saved_weights
 from tests.test_batch_study import parse
 from tests.test_batch_study import read_csv
 from tests.test_batch_study import read_json
+from tests.test_batch_study_target import without_plots
 
 QUASI = [
     "--mode=steps_to_target",
@@ -127,6 +128,7 @@ def test_the_search_seeds_its_best_trial_and_reports_shallues_statistic_beside(
         return steps + 10 * t.seed  # the seeds: slower than the search's winner
 
     monkeypatch.setattr(target_runner, "run_trial", quasi_run(steps_of))
+    without_plots(monkeypatch)
     args = [
         *QUASI,
         "--optimizers=lars,lamb",
@@ -203,6 +205,7 @@ def test_a_store_of_another_protocol_is_refused_in_one_line_and_left_as_it_is(
     tmp_path, monkeypatch
 ):
     monkeypatch.setattr(target_runner, "run_trial", quasi_run(lambda t: 50))
+    without_plots(monkeypatch)
     args = [*QUASI, "--optimizers=lars", "--batch_sizes=64", "--trials=2", "--seeds=1"]
     batch_study.run_target_study(parse(*args, f"--study_dir={tmp_path / 'quasi'}"))
     recorded = json.loads((tmp_path / "quasi" / "protocol.json").read_text())
@@ -289,6 +292,7 @@ def test_the_noise_scale_is_measured_at_fixed_weights_along_the_best_run(tmp_pat
     # is simulated (a fresh model's weights, the same at every point); the
     # measurement is real.
     monkeypatch.setattr(target_runner, "run_trial", quasi_run(lambda t: 40 + 10 * t.rate_step))
+    without_plots(monkeypatch)
     reruns = []
 
     def train_weights(t, steps):
@@ -381,3 +385,4 @@ def test_a_tiny_quasi_random_study_trains_end_to_end(tmp_path):
     ]
     header = read_json(tmp_path / "trials.json")["study"]
     assert (header["validation_examples"], header["train_examples"]) == (64, 256)
+    assert (tmp_path / "steps_to_target.png").read_bytes()[:4] == b"\x89PNG"

@@ -12,6 +12,7 @@ import pytest
 
 from keras_lars.tools import batch_study
 from keras_lars.tools import train
+from keras_lars.tools.batch_study import quasi_results
 from keras_lars.tools.batch_study import target_results
 from keras_lars.tools.batch_study import target_runner
 from keras_lars.tools.batch_study import target_search
@@ -326,6 +327,20 @@ def simulated(missed=lambda t: False, collapsed=lambda t: False, j_steps=lambda 
     return run_trial
 
 
+def without_plots(monkeypatch):
+    """The studies of simulated trials draw no plot (target_results.plot, a
+    second under load, after every trial); the plot tests and the studies
+    that train draw theirs. Returns the paths of the plots asked for."""
+    asked = []
+
+    def record(summary, fits, noise, path, title):
+        asked.append(str(path))
+
+    monkeypatch.setattr(target_results, "plot", record)
+    monkeypatch.setattr(quasi_results, "plot", record)  # its own name of it
+    return asked
+
+
 SIMULATED = [
     *TARGET,
     "--model=simple_cnn",
@@ -344,6 +359,7 @@ def test_the_runner_falls_back_over_the_points_while_a_seed_misses(tmp_path, mon
     misses = {(0, 0), (0, -1)}
     outcome = simulated(lambda t: t.seed == 1 and (t.rate_step, t.budget_step) in misses)
     monkeypatch.setattr(target_runner, "run_trial", outcome)
+    plots = without_plots(monkeypatch)
     study = parse(
         *SIMULATED,
         "--batch_sizes=64",
@@ -353,8 +369,19 @@ def test_the_runner_falls_back_over_the_points_while_a_seed_misses(tmp_path, mon
         f"--study_dir={tmp_path}",
     )
     rows, _ = batch_study.run_target_study(study)
+    # Seed 0's search: the rates k = 0, -1, 1, then the budget walk at the
+    # best (k = 0), halved and doubled: ceil(T(B) 2^j), T(B) = max(20,
+    # ceil(5 * 512 / 64)) = 40.
+    search = {
+        (r["rate_step"], r["budget_step"]): r["budget_steps"]
+        for r in rows
+        if r["seed"] == 0 and "noise_scale" not in r
+    }
+    assert search == {(0, 0): 40, (-1, 0): 40, (1, 0): 40, (0, -1): 20, (0, 1): 80}
     seeds = [(r["rate_step"], r["budget_step"]) for r in rows if r["seed"] == 1]
     assert seeds == [(0, 0), (0, -1), (0, 1)]
+    # The plot after each of the 5 + 3 + 1 trials and at the end.
+    assert plots == [str(tmp_path / "steps_to_target.png")] * 10
     (noise,) = [r for r in rows if "noise_scale" in r]
     assert (noise["rate_step"], noise["budget_step"], noise["budget_steps"]) == (0, 1, 80)
     (found,) = read_csv(tmp_path / "steps_to_target.csv")
@@ -370,6 +397,7 @@ def test_a_validation_split_is_every_trials_and_recorded(tmp_path, monkeypatch):
         return dict(record, row=dict(record["row"], test_accuracy=0.75))
 
     monkeypatch.setattr(target_runner, "run_trial", with_test)
+    without_plots(monkeypatch)
     args = [*SIMULATED, "--batch_sizes=64", "--seeds=1", f"--study_dir={tmp_path}"]
     held = ["--validation_examples=300", "--validation_seed=7"]
     rows, trained = batch_study.run_target_study(parse(*args, *held))
@@ -397,6 +425,7 @@ def test_a_validation_split_is_every_trials_and_recorded(tmp_path, monkeypatch):
 def test_the_runner_says_where_a_collapsed_trial_stopped(tmp_path, monkeypatch, capsys):
     outcome = simulated(collapsed=lambda t: t.rate_step == 1)
     monkeypatch.setattr(target_runner, "run_trial", outcome)
+    without_plots(monkeypatch)
     study = parse(*SIMULATED, "--batch_sizes=64", "--seeds=1", f"--study_dir={tmp_path}")
     rows, _ = batch_study.run_target_study(study)
     (stopped,) = [r for r in rows if "collapsed_step" in r]
@@ -418,6 +447,7 @@ def test_an_untuned_batch_runs_once_at_the_choice_before_and_is_left_out_of_the_
 
     outcome = simulated(missed, j_steps=lambda j: 5 * j)
     monkeypatch.setattr(target_runner, "run_trial", outcome)
+    without_plots(monkeypatch)
     study = parse(
         *SIMULATED,
         "--batch_sizes=32,64,128,256,512",
@@ -453,6 +483,7 @@ def test_untuned_batches_after_a_choice_that_missed_are_not_run(tmp_path, monkey
     # batch after it runs (no rate is known to reach the target there).
     outcome = simulated(lambda t: t.batch_size == 128)
     monkeypatch.setattr(target_runner, "run_trial", outcome)
+    without_plots(monkeypatch)
     study = parse(
         *SIMULATED,
         "--batch_sizes=64,128,256,512",
@@ -479,6 +510,7 @@ def test_tables_written_part_way_keep_what_the_store_holds(tmp_path, monkeypatch
     # it comes to the seeds of the batch before, which the store holds; the
     # tables written after its first trial still have them.
     monkeypatch.setattr(target_runner, "run_trial", simulated())
+    without_plots(monkeypatch)
     args = [*SIMULATED, "--seeds=2", "--seed_batch_sizes=64", f"--study_dir={tmp_path}"]
     batch_study.run_target_study(parse(*args, "--batch_sizes=64"))
     (before,) = read_csv(tmp_path / "steps_to_target.csv")
@@ -582,37 +614,38 @@ def test_a_tiny_target_study_end_to_end_and_its_resume(tmp_path, capsys):
         "--model=simple_cnn",
         "--image_size=8",
         "--optimizers=lamb",
-        "--batch_sizes=64,256,full",
+        "--batch_sizes=64,full",
         "--train_examples=512",
         "--budget_epochs=2",
         "--min_budget_steps=4",
         "--max_rate_steps=1",
+        "--max_budget_doublings=0",
         "--seeds=2",
-        "--seed_batch_sizes=256",
-        "--noise_scale_batch_size=256",
+        "--seed_batch_sizes=full",
+        "--noise_scale_batch_size=full",
         "--noise_scale_micro_batches=2",
         f"--study_dir={tmp_path}",
     ]
     study = parse(*args)
     rows, trained = batch_study.run_target_study(study)
-    assert len(trained) == len(rows) >= 3 * (3 + 2) + 2
+    # Two batches (the whole set: 512), each 3 rates at their budget T(B) (no
+    # budget walk: the simulated runs of test_the_runner_falls_back_... walk
+    # it); a seed and the noise-scale run at 512.
+    assert len(trained) == len(rows) >= 2 * 3 + 2
     searched = [r for r in rows if r["seed"] == 0 and "noise_scale" not in r]
-    assert {r["batch_size"] for r in searched} == {64, 256, 512}
+    assert {r["batch_size"] for r in searched} == {64, 512}
     points = {
         b: {(r["rate_step"], r["budget_step"]): r for r in searched if r["batch_size"] == b}
-        for b in (64, 256, 512)
+        for b in (64, 512)
     }
-    for b, tried in points.items():  # the budget walk: halved and doubled at the best rate
-        k = target_search.best_step({k: r for (k, j), r in tried.items() if j == 0})
-        assert {(k, -1), (k, 0), (k, 1)} <= set(tried)
-        assert {r["budget_steps"] for (rate, j), r in tried.items() if rate == k} == {
-            math.ceil(max(4, math.ceil(2 * 512 / b)) * 2.0**j) for j in (-1, 0, 1)
-        }
-    # The seed and the noise-scale run at 256: its chosen rate and budget, the
-    # latter in 2 micro-batches of 128.
-    same = points[256][target_search.chosen_point(points[256])]
+    for b, tried in points.items():  # T(B) = max(4, ceil(2 * 512 / B))
+        assert sorted(tried) == [(-1, 0), (0, 0), (1, 0)]
+        assert {r["budget_steps"] for r in tried.values()} == {max(4, math.ceil(2 * 512 / b))}
+    # The seed and the noise-scale run at 512: its chosen rate and budget, the
+    # latter in 2 micro-batches of 256.
+    same = points[512][target_search.chosen_point(points[512])]
     (seed,) = [r for r in rows if r["seed"]]
-    assert (seed["batch_size"], seed["peak_learning_rate"]) == (256, same["peak_learning_rate"])
+    assert (seed["batch_size"], seed["peak_learning_rate"]) == (512, same["peak_learning_rate"])
     assert seed["budget_steps"] == same["budget_steps"]
     (noise,) = [r for r in rows if "noise_scale" in r]
     assert noise["peak_learning_rate"] == same["peak_learning_rate"]
@@ -621,12 +654,12 @@ def test_a_tiny_target_study_end_to_end_and_its_resume(tmp_path, capsys):
     assert noise["noise_scale"] > 0
     noise_scales = read_json(tmp_path / "fit.json")["noise_scales"]
     assert noise_scales["lamb"]["noise_scale"] == noise["noise_scale"]
-    assert noise_scales["lamb"]["batch_size"] == 256
+    assert noise_scales["lamb"]["batch_size"] == 512
     for r in rows:
         assert r["examples"] == r["steps"] * r["batch_size"]
         assert 0 < r["steps"] <= r["budget_steps"]
     table = read_csv(tmp_path / "steps_to_target.csv")
-    assert [int(r["batch_size"]) for r in table] == [64, 256, 512]
+    assert [int(r["batch_size"]) for r in table] == [64, 512]
     for r in table:
         best = points[int(r["batch_size"])][
             target_search.chosen_point(points[int(r["batch_size"])])
@@ -646,7 +679,7 @@ def test_a_tiny_target_study_end_to_end_and_its_resume(tmp_path, capsys):
     assert f"study: 0 trial(s) trained, {len(rows)} found done" in out
     # A budget below the fewest steps a smaller batch took is named (budget_warning).
     expected, fewest = [], None
-    for batch in (64, 256, 512):
+    for batch in (64, 512):
         budget = points[batch][(0, 0)]["budget_steps"]
         expected.append(target_search.budget_warning("lamb", batch, budget, fewest))
         best = points[batch][target_search.chosen_point(points[batch])]

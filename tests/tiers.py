@@ -378,16 +378,12 @@ LONG_TESTS = {
         "two short runs in this process, the second resuming the first (23 s)"
     ),
     "test_batch_study.py::test_tiny_sweep_writes_tables_and_plot_and_reuses_finished_cells": (
-        "a tiny study's cells, each a training run, then its rerun (37 s)"
-    ),
-    "test_batch_study.py::test_batch_control_cells_train_and_are_tabled": (
-        "the batch-control cells, each a training run (35 s)"
-    ),
-    "test_batch_study.py::test_a_tfrecord_dataset_sweeps_up_to_its_whole_training_set": (
-        "a study's cells on records (21 s)"
+        "the `sweep` fixture: a tiny study's six cells (grid and batch control), each a "
+        "training run (were 37 s and 35 s in two studies)"
     ),
     "test_batch_study_target.py::test_a_tiny_target_study_end_to_end_and_its_resume": (
-        "a tiny steps-to-target study, its trials training runs, then its resume (68 s)"
+        "a tiny steps-to-target study, its eight trials training runs, then its resume (68 s "
+        "with seventeen)"
     ),
     "test_batch_study_quasi.py::test_a_tiny_quasi_random_study_trains_end_to_end": (
         "a tiny quasi-random study with its noise measurement (19 s)"
@@ -400,9 +396,6 @@ LONG_TESTS = {
     ),
     "test_batch_schedule.py::test_fit_uses_the_closed_form_rate_at_every_step[*]": (
         "fits step by step, its first case tracing slowly on TensorFlow 2.17 (58 s; under 5 s)"
-    ),
-    "test_fashion_mnist.py::test_the_tool_trains_an_epoch_on_the_files": (
-        "the tool trains an epoch of generated IDX files in a process (43 s; 12 s)"
     ),
     "test_mirrored_steps.py::test_each_mirrored_strategy_workaround_is_needed": (
         "a child process without each workaround (38 s; 14 s)"

@@ -48,11 +48,13 @@ def check_flags(flag_values=flags.FLAGS):
         sys.exit(f"error: {error}")
 
 
-def main(argv):
-    """Runs the study of the flags on the backend they name."""
+def main(argv, flag_values=flags.FLAGS):
+    """Runs the study of parsed `flag_values` (absl's, by default; the tests
+    parse their own to run the program in their process) on the backend they
+    name."""
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
-    check_flags()
+    check_flags(flag_values)
     _quiet.release()  # the flags are good: Keras, TensorFlow, JAX load now
     import tensorflow as tf
 
@@ -61,11 +63,11 @@ def main(argv):
     from keras_lars.tools.batch_study.runner import run_study
     from keras_lars.tools.batch_study.target_runner import run_target_study
 
-    train.use_backend(flags.FLAGS.backend, "keras_lars.tools.batch_study")
+    train.use_backend(flag_values.backend, "keras_lars.tools.batch_study")
     # Every cell builds a new model, which TensorFlow reports as "retracing".
     tf.get_logger().setLevel("ERROR")
     try:
-        study = study_from_flags()
+        study = study_from_flags(flag_values)
         (run_target_study if study.search else run_study)(study)
     except train.Preempted as error:
         print(f"preempted: {error}", file=sys.stderr, flush=True)
