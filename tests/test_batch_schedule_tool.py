@@ -262,16 +262,15 @@ def test_a_phased_run_feeds_each_batch_and_size_and_follows_the_closed_form(tmp_
 
 
 # --- SIGTERM inside the second phase, rerun: bit-equal to the uninterrupted run ----------
-# The first 512 digits (8 steps of 64, then 4 of 128 an epoch; was all 1438:
-# 22, then 11), 64 evaluated.
+# The first 256 digits at their 8x8 (8 steps of 32, then 4 of 64 an epoch;
+# was 512 at 16x16, batches 64 and 128: 8x the compute), 64 evaluated.
 PHASED = [
     "--model=alexnet_bn",
-    "--image_size=16",
-    "--train_examples=512",
+    "--train_examples=256",
     "--eval_examples=64",
     "--train_epochs=3",
     "--warmup_epochs=0.5",
-    "--batch_schedule=0:64,1:128",
+    "--batch_schedule=0:32,1:64",
     "--base_learning_rate=4",
     "--checkpoint_every_steps=2",
 ]
@@ -291,7 +290,7 @@ def test_sigterm_inside_the_second_phase_and_the_rerun_ends_as_an_uninterrupted_
     )
     try:
 
-        def in_second_phase():  # a step checkpoint after epoch 1 (8 steps at 64)
+        def in_second_phase():  # a step checkpoint after epoch 1 (8 steps at 32)
             saved = checkpoints.saved(str(stopped / "checkpoints"))
             return any(e >= 1 and s >= 2 for e, s in saved)
 
@@ -316,8 +315,8 @@ def test_sigterm_inside_the_second_phase_and_the_rerun_ends_as_an_uninterrupted_
 
     summaries = [json.loads((d / "summary.json").read_text()) for d in (whole, stopped)]
     keys = ("val_loss", "val_accuracy", "learning_rate", "steps", "global_batch_size")
-    assert [h["global_batch_size"] for h in summaries[0]["history"]] == [64, 128, 128]
-    assert [h["steps"] for h in summaries[0]["history"]] == [8, 12, 16]  # 512 // 64, // 128
+    assert [h["global_batch_size"] for h in summaries[0]["history"]] == [32, 64, 64]
+    assert [h["steps"] for h in summaries[0]["history"]] == [8, 12, 16]  # 256 // 32, // 64
     for a, b in zip(summaries[0]["history"], summaries[1]["history"], strict=True):
         assert {k: a[k] for k in keys} == {k: b[k] for k in keys}
     name = "ckpt-0003.weights.h5"

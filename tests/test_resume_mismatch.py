@@ -184,16 +184,17 @@ def test_the_training_tool_resumes_from_the_checkpoint_before_another_runs_weigh
     # Another run of the same model and optimizer (another seed): its
     # ckpt-0002.weights.h5 beside this run's ckpt-0002.json used to resume
     # "after epoch 2" on the other run's weights. (Another optimizer's file:
-    # the tests above.)
+    # the tests above.) The simple CNN: any model's checkpoints.
     from tests import train_data
 
     run, other = tmp_path / "run", tmp_path / "other"
-    train_data.short_run(run, optimizer="lars")
-    train_data.short_run(other, optimizer="lars", seed=2)
+    tiny = dict(optimizer="lars", model="simple_cnn")
+    train_data.short_run(run, **tiny)
+    train_data.short_run(other, seed=2, **tiny)
     weights = run / "checkpoints" / "ckpt-0002.weights.h5"
     shutil.copyfile(other / "checkpoints" / "ckpt-0002.weights.h5", weights)
     capfd.readouterr()
-    _, summary = train_data.short_run(run, optimizer="lars")
+    _, summary = train_data.short_run(run, **tiny)
     out, err = capfd.readouterr()
     assert f"resuming {run} after epoch 1" in out
     warnings = [line for line in err.splitlines() if line.startswith("warning: checkpoint")]

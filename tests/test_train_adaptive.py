@@ -208,9 +208,9 @@ def test_a_decision_changes_the_batch_and_a_rerun_from_its_checkpoint_decides_al
 
 def _assert_same_weights(expected_path, actual_path):
     """Bit for bit, but the optimizer's scalars and 6 interval sums within
-    1e-4: the squared norms of ResNet-18's gradients that the noise scale
-    sums were seen to round differently from run to run (1 ulp, the weights
-    bit-equal), and the estimate of |G|^2 subtracts two of them (2.8e-6)."""
+    1e-4: the squared norms of the gradients that the noise scale sums were
+    seen to round differently from run to run (ResNet-18's: 1 ulp, the
+    weights bit-equal), and the estimate of |G|^2 subtracts two of them."""
     expected, actual = h5_arrays(expected_path), h5_arrays(actual_path)
     assert expected.keys() == actual.keys() and len(expected) > 20
     for name, value in expected.items():

@@ -175,7 +175,7 @@ def test_two_replicas_train_and_evaluate_padded_batches(monkeypatch, records, tm
         model="alexnet_bn",
         dataset="imagenet",
         data_dir=records,
-        image_size=32,
+        image_size=16,
         global_batch_size=16,
         train_epochs=1,
         warmup_epochs=0.5,
@@ -192,7 +192,7 @@ def test_two_replicas_train_and_evaluate_padded_batches(monkeypatch, records, tm
     # validation images once: it equals a plain evaluation of the weights.
     model = train.create_model(config, 4)
     model.load_weights(str(tmp_path / "run" / "checkpoints" / "ckpt-0001.weights.h5"))
-    data = input_pipeline.ImageNetRecords(records, image_size=32)
+    data = input_pipeline.ImageNetRecords(records, image_size=16)
     images, labels = [], []
     for x, y in data.eval(16).map(lambda x, y, w: (x, y)).unbatch().take(60):
         images.append(x.numpy())

@@ -1,9 +1,10 @@
-"""The training loop's guards and bookkeeping in the tool's own processes:
-divergence and its rollbacks, a failed checkpoint write, throughput and progress
-lines, --help. LAUNCHES: six short runs started in one fixture, two at a time.
+"""The training loop's guards and bookkeeping through the tool: divergence
+and its rollbacks, a failed checkpoint write, throughput and progress lines,
+--help. LAUNCHES: the runs of the tool's main in this process (Shallue et
+al.'s simple CNN on the 8x8 digits, 327k parameters), each once, shared by
+the tests that read them; a failed write and --help in processes of their own.
 """
 
-import concurrent.futures
 import json
 import math
 import os
@@ -17,6 +18,7 @@ from keras_lars.tools import settings
 from keras_lars.tools import train
 from tests.train_tool import assert_same_weights
 from tests.train_tool import console_script
+from tests.train_tool import run_main
 from tests.train_tool import run_tool
 from tests.train_tool import tool_command
 
@@ -34,88 +36,66 @@ def _limit_file_size(limit_bytes):
     return lambda *args: [sys.executable, "-c", setup, *tool_command(*args)[1:]]
 
 
-# The tests' single runs of the tool: name: (arguments, run_tool's options).
+# The tests' runs of the tool's main: name: its arguments. All 1438 digits:
+# 11 steps an epoch at the default batch of 128. At 1e6 LARS multiplies each
+# layer's weights by about 1 + 1e6 * 0.001 a step: the logits overflow within
+# a few steps.
+TINY = ["--model=simple_cnn"]
 LAUNCHES = {
-    # The first 256 digits: 2 steps an epoch at the default batch of 128.
-    "divergence_rollback": (
-        [
-            "--model=alexnet",
-            "--train_examples=256",
-            "--train_epochs=2",
-            "--warmup_epochs=1",
-            "--base_learning_rate=1e6",
-            "--divergence_rollbacks=2",
-            "--divergence_rate_factor=1e-6",
-            "--noeval",
-        ],
-        {},
-    ),
-    "divergence_after_the_last_rollback": (
-        [
-            "--image_size=16",
-            "--train_epochs=1",
-            "--warmup_epochs=0",
-            "--base_learning_rate=1e6",
-            "--divergence_rollbacks=1",
-            "--noeval",
-        ],
-        {},
-    ),
+    "divergence_rollback": [
+        *TINY,
+        "--train_epochs=2",
+        "--warmup_epochs=1",
+        "--base_learning_rate=1e6",
+        "--divergence_rollbacks=2",
+        "--divergence_rate_factor=1e-6",
+        "--noeval",
+    ],
+    "divergence_after_the_last_rollback": [
+        *TINY,
+        "--train_epochs=1",
+        "--warmup_epochs=0",
+        "--base_learning_rate=1e6",
+        "--divergence_rollbacks=1",
+        "--noeval",
+    ],
     # 11 steps of 16 an epoch, one execution each.
-    "images_per_second": (
-        [
-            "--model=alexnet",
-            "--global_batch_size=16",
-            "--train_examples=176",
-            "--eval_examples=64",
-            "--train_epochs=2",
-            "--warmup_epochs=1",
-            "--steps_per_execution=11",
-            "--base_learning_rate=1",
-            "--log_every_seconds=0.000001",
-        ],
-        {},
-    ),
-    "divergence": (
-        [
-            "--image_size=16",
-            "--train_epochs=2",
-            "--warmup_epochs=0",
-            "--base_learning_rate=1e6",
-        ],
-        {},
-    ),
-    # Real writes failing mid-file (RLIMIT_FSIZE); AlexNet's weights are ~100
-    # MB, and its first checkpoint comes after its one step.
-    "checkpoint_write_fails": (
-        ["--model=alexnet", "--train_steps=1", "--warmup_epochs=0", "--noeval"],
-        dict(command=_limit_file_size(2**21)),
-    ),
-    "help": (["--help"], dict(command=console_script)),
+    "images_per_second": [
+        *TINY,
+        "--global_batch_size=16",
+        "--train_examples=176",
+        "--eval_examples=64",
+        "--train_epochs=2",
+        "--warmup_epochs=1",
+        "--steps_per_execution=11",
+        "--base_learning_rate=1",
+        "--log_every_seconds=0.000001",
+    ],
+    "divergence": [*TINY, "--train_epochs=2", "--warmup_epochs=0", "--base_learning_rate=1e6"],
 }
 
 
 @pytest.fixture(scope="module")
 def launches(tmp_path_factory):
-    """Every run of LAUNCHES, two at a time (starting one, and tracing a Keras
-    model, takes one core), each in a model dir of its own:
-    {name: (model_dir, process)}. A test reads its own."""
+    """{name: (model_dir, exit status, stdout, stderr)} of LAUNCHES, each run
+    once, on first use, in a model dir of its own."""
     root = tmp_path_factory.mktemp("launches")
+    done = {}
 
-    def launch(name):
-        args, options = LAUNCHES[name]
-        model_dir = root / name / "run"
-        if name == "help":
-            return model_dir, run_tool(args, **options)
-        return model_dir, run_tool([*args, f"--model_dir={model_dir}"], **options)
+    def launch(name, capfd):
+        if name not in done:
+            model_dir = root / name / "run"
+            capfd.readouterr()
+            status = run_main(*LAUNCHES[name], f"--model_dir={model_dir}")
+            done[name] = (model_dir, status, *capfd.readouterr())
+        return done[name]
 
-    with concurrent.futures.ThreadPoolExecutor(2) as pool:
-        return dict(zip(LAUNCHES, pool.map(launch, LAUNCHES)))
+    return launch
 
 
 # --- --help -------------------------------------------------------------------------
-def test_help_lists_every_setting(launches):
-    _, process = launches["help"]
+def test_help_lists_every_setting():
+    process = run_tool(["--help"], command=console_script)  # absl's, before Keras loads
     assert process.returncode == 1  # absl's --help
     for field in settings.fields(train.Config):
         assert f"--{field.name}:" in process.stdout or f"--[no]{field.name}:" in process.stdout, (
@@ -124,11 +104,11 @@ def test_help_lists_every_setting(launches):
 
 
 # --- divergence, a failed write, throughput -----------------------------------------
-def test_divergence_stops_with_one_error_line_and_checkpoints_nothing(launches):
-    model_dir, process = launches["divergence"]
-    assert process.returncode == 1
-    errors = [line for line in process.stderr.splitlines() if line.startswith("error:")]
-    assert len(errors) == 1 and "Traceback" not in process.stderr
+def test_divergence_stops_with_one_error_line_and_checkpoints_nothing(launches, capfd):
+    model_dir, status, _, stderr = launches("divergence", capfd)
+    assert status == 1
+    errors = [line for line in stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and "Traceback" not in stderr
     assert re.fullmatch(
         r"error: (loss|val_loss|variable \S+) became non-finite at step \d+ \(epoch 1\); "
         r"last good checkpoint: none \(no checkpoint yet\)",
@@ -140,11 +120,11 @@ def test_divergence_stops_with_one_error_line_and_checkpoints_nothing(launches):
     assert not (model_dir / "run.lock").exists()
 
 
-def test_divergence_rollback_lowers_the_rate_and_a_resume_keeps_it(launches, tmp_path):
-    model_dir, process = launches["divergence_rollback"]
-    args = [*LAUNCHES["divergence_rollback"][0], f"--model_dir={model_dir}"]
-    assert process.returncode == 0, process.stderr[-3000:]
-    warnings = [line for line in process.stderr.splitlines() if "rolling back" in line]
+def test_divergence_rollback_lowers_the_rate_and_a_resume_keeps_it(launches, tmp_path, capfd):
+    model_dir, status, _, stderr = launches("divergence_rollback", capfd)
+    args = [*LAUNCHES["divergence_rollback"], f"--model_dir={model_dir}"]
+    assert status == 0, stderr[-3000:]
+    warnings = [line for line in stderr.splitlines() if "rolling back" in line]
     assert len(warnings) == 1 and re.fullmatch(
         r"warning: (loss|variable \S+) became non-finite at step \d+ \(epoch 1\); rolling back "
         r"to the start with the peak learning rate x1e-06 \(rollback 1 of 2\)",
@@ -162,24 +142,30 @@ def test_divergence_rollback_lowers_the_rate_and_a_resume_keeps_it(launches, tmp
     first_run = tmp_path / "first.weights.h5"
     os.replace(directory / "ckpt-0002.weights.h5", first_run)
     (directory / "ckpt-0002.json").unlink()
-    resumed = run_tool(args)
-    assert resumed.returncode == 0, resumed.stderr[-3000:]
-    assert "rolling back" not in resumed.stderr
-    assert_same_weights(first_run, directory / "ckpt-0002.weights.h5", 10)
+    assert run_main(*args) == 0
+    assert "rolling back" not in capfd.readouterr().err
+    # The simple CNN's 4 kernels and 4 biases, their 8 momenta, the step count.
+    assert_same_weights(first_run, directory / "ckpt-0002.weights.h5", 16)
 
 
-def test_divergence_after_the_last_rollback_is_an_error(launches):
-    _, process = launches["divergence_after_the_last_rollback"]
-    assert process.returncode == 1, process.stderr[-3000:]
-    assert "(rollback 1 of 1)" in process.stderr
-    last = process.stderr.strip().splitlines()[-1]
+def test_divergence_after_the_last_rollback_is_an_error(launches, capfd):
+    _, status, _, stderr = launches("divergence_after_the_last_rollback", capfd)
+    assert status == 1, stderr[-3000:]
+    assert "(rollback 1 of 1)" in stderr
+    last = stderr.strip().splitlines()[-1]
     assert last.startswith("error: ") and "last good checkpoint: none" in last
 
 
-def test_a_failed_checkpoint_write_is_one_line_and_leaves_no_file(launches):
-    # Real writes failing mid-file (RLIMIT_FSIZE): h5py's error, before a
-    # traceback, left a state file without weights.
-    model_dir, process = launches["checkpoint_write_fails"]
+def test_a_failed_checkpoint_write_is_one_line_and_leaves_no_file(tmp_path):
+    # Real writes failing mid-file (RLIMIT_FSIZE, a limit of the process):
+    # h5py's error, before a traceback, left a state file without weights.
+    # The simple CNN's weights are 1.3 MB, and its first checkpoint comes
+    # after its one step.
+    model_dir = tmp_path / "run"
+    process = run_tool(
+        [*TINY, "--train_steps=1", "--warmup_epochs=0", "--noeval", f"--model_dir={model_dir}"],
+        command=_limit_file_size(2**20),
+    )
     assert process.returncode == 1, process.stderr[-3000:]
     assert "Traceback" not in process.stderr
     weights = model_dir / "checkpoints" / "ckpt-0001.weights.h5"
@@ -189,12 +175,12 @@ def test_a_failed_checkpoint_write_is_one_line_and_leaves_no_file(launches):
     assert not (model_dir / "config.json").exists()  # the directory is not locked to this run
 
 
-def test_images_per_second_with_one_execution_per_epoch(launches):
-    model_dir, process = launches["images_per_second"]
-    assert process.returncode == 0, process.stderr[-3000:]
+def test_images_per_second_with_one_execution_per_epoch(launches, capfd):
+    model_dir, status, stdout, stderr = launches("images_per_second", capfd)
+    assert status == 0, stderr[-3000:]
     history = json.loads((model_dir / "summary.json").read_text())["history"]
     assert "images_per_second" not in history[0]  # the first epoch traces
     assert history[1]["images_per_second"] > 0
     # Off a terminal, progress lines within the epochs (here after every execution).
-    assert "epoch 1/2: step 11/11, loss " in process.stdout
-    assert "epoch 2/2: step 11/11, loss " in process.stdout
+    assert "epoch 1/2: step 11/11, loss " in stdout
+    assert "epoch 2/2: step 11/11, loss " in stdout

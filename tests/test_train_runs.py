@@ -1,5 +1,6 @@
-"""The training tool end to end, in child processes as users run it: the quick
-start's job, every model family, and the one error line of each bad input.
+"""The training tool end to end: the quick start's job in a child process as
+users run it, every model family, and the one error line of each bad input
+(two in processes, the others through the tool's main in this process).
 """
 
 import io
@@ -9,23 +10,19 @@ import os
 import numpy as np
 import pytest
 import tensorflow as tf
-from absl import flags
 from PIL import Image
 
 from keras_lars import models
 from keras_lars.tools import checkpoints
 from keras_lars.tools import storage
-from keras_lars.tools import train
-from keras_lars.tools.train import cli as train_cli
 from keras_lars.tools.train import config as train_config
 from tests import train_data
 from tests.train_tool import console_script
 from tests.train_tool import example
 from tests.train_tool import fingerprint
 from tests.train_tool import jpeg_bytes
-from tests.train_tool import parse
+from tests.train_tool import run_main
 from tests.train_tool import run_tool
-from tests.train_tool import run_tools
 from tests.train_tool import write_records
 
 
@@ -33,10 +30,9 @@ from tests.train_tool import write_records
 def finished_run(tmp_path_factory):
     """The default run, shortened to 2 epochs of the first 256 digits (2
     steps each, 128 evaluated), finished: (model_dir, process). The wheel
-    stage of CI (noxfile.py) runs the default job on all of them.
-    Not one of LAUNCHES: its two tests are newest-only in CI
-    (tests/conftest.py's NEWEST_ONLY_IN_CI), and the others' fixture must
-    not start it on the oldest pair."""
+    stage of CI (noxfile.py) runs the default job on all of them. Its two
+    tests are newest-only in CI (tests/tiers.py's NEWEST_ONLY_IN_CI): the
+    oldest pair does not start it."""
     model_dir = tmp_path_factory.mktemp("default") / "run"
     args = ["--train_epochs=2", "--train_examples=256", "--eval_examples=128"]
     process = run_tool([*args, f"--model_dir={model_dir}"], command=console_script)
@@ -78,11 +74,11 @@ def test_default_run_writes_checkpoints_logs_and_summary(finished_run):
     assert events
 
 
-def test_each_model_family_trains_on_generated_tfrecords(records, tmp_path):
+def test_each_model_family_trains_on_generated_tfrecords(records, tmp_path, capfd):
     # ResNet-18, 34 and 50 and both AlexNets through the tool; ResNet-101 and
     # 152 are ResNet-50's bottleneck blocks in more repeats, through the same
     # lookup (models.BUILDERS[--model], whose names are train_config.MODELS):
-    # test_models builds and counts them on every pair. Two tool starts fewer.
+    # test_models builds and counts them on every pair.
     assert train_config.MODELS == tuple(models.BUILDERS)
     common = [
         "--dataset=imagenet",
@@ -118,12 +114,12 @@ def test_each_model_family_trains_on_generated_tfrecords(records, tmp_path):
             "--eval_examples=8",
         ],
     }
-    order = ["resnet18", "resnet50", "alexnet_bn", "resnet34", "alexnet"]
-    processes = run_tools(
-        [common + [f"--model={m}", f"--model_dir={tmp_path / m}"] + runs[m] for m in order]
-    )
-    for model, process in zip(order, processes):
-        assert process.returncode == 0, (model, process.stderr[-3000:])
+    # In this process (the tool's main, its flags parsed by absl): the
+    # console script's own run is the quick start's (finished_run).
+    for model, args in runs.items():
+        status = run_main(*common, f"--model={model}", f"--model_dir={tmp_path / model}", *args)
+        assert status == 0, (model, capfd.readouterr().err[-3000:])
+    for model in runs:
         with open(tmp_path / model / "summary.json") as f:
             summary = json.load(f)
         assert summary["config"]["model"] == model
@@ -251,21 +247,24 @@ def _bad_inputs(tmp_path, finished_model_dir):
     }
 
 
+def _one_error_line(status, stderr, args, culprit, detail):
+    assert status == 1, (args, status)
+    assert "Traceback" not in stderr, (args, stderr[-3000:])
+    lines = [line for line in stderr.splitlines() if line.startswith("error:")]
+    assert len(lines) == 1, (args, stderr[-3000:])
+    assert culprit in lines[0] and detail in lines[0], (args, lines[0])
+
+
+def _with_model_dir(args, model_dir):
+    return args if any(a.startswith("--model_dir") for a in args) else [*args, model_dir]
+
+
 # The bad inputs that test_bad_input_is_one_line_naming_the_flag_or_file gives to
-# the tool's processes: one for each way an error reaches its command line
-# (absl's flag parser, a setting's check, TensorFlow's record reader before and
-# during training, the TPU cluster's start, the model dir's checkpoint, the
-# disk). The in-process test below checks every other one's message: the same
-# exceptions and messages, without the ~15 s start of a process each.
-BAD_INPUTS_IN_PROCESSES = (
-    "model",
-    "warmup_inf",
-    "garbage",
-    "bad_middle",
-    "tpu",
-    "into_another_run",
-    "model_dir_in_a_file",
-)
+# the tool's processes, the console script: absl's flag parser's, before
+# TensorFlow loads, and the TPU cluster's start, after (in this process it
+# would leave TensorFlow's context to the TPU's). The in-process test below
+# runs every other one through the tool's main, without a process start each.
+BAD_INPUTS_IN_PROCESSES = ("model", "tpu")
 
 
 def test_bad_input_is_one_line_naming_the_flag_or_file(finished_run, tmp_path):
@@ -273,44 +272,33 @@ def test_bad_input_is_one_line_naming_the_flag_or_file(finished_run, tmp_path):
     before = fingerprint(model_dir)
     cases = _bad_inputs(tmp_path, model_dir)
     cases = [cases[name] for name in BAD_INPUTS_IN_PROCESSES]
-    processes = run_tools(
-        [
-            args
-            + (
-                []
-                if any(a.startswith("--model_dir") for a in args)
-                else [f"--model_dir={model_dir}"]
-            )
-            for args, _, _ in cases
-        ]
-    )
+    processes = [
+        run_tool(_with_model_dir(args, f"--model_dir={model_dir}"), command=console_script)
+        for args, _, _ in cases
+    ]
     for (args, culprit, detail), process in zip(cases, processes):
-        assert process.returncode == 1, (args, process.returncode)
-        assert "Traceback" not in process.stderr, (args, process.stderr[-3000:])
-        lines = [line for line in process.stderr.splitlines() if line.startswith("error:")]
-        assert len(lines) == 1, (args, process.stderr[-3000:])
-        assert culprit in lines[0] and detail in lines[0], (args, lines[0])
+        _one_error_line(process.returncode, process.stderr, args, culprit, detail)
     assert fingerprint(model_dir) == before  # nothing in the model dir lost or changed
 
 
-def test_each_bad_input_is_an_error_naming_the_flag_or_file(tmp_path):
-    """Every bad input of _bad_inputs but those that need a process (the TPU
-    cluster's start) or a finished run, in this process: parsed by absl with
-    the tool's flags, then trained; the error must name the culprit."""
-    cases = _bad_inputs(tmp_path, tmp_path / "no_run")
+def test_each_bad_input_is_an_error_naming_the_flag_or_file(tmp_path, capfd):
+    """Every other bad input of _bad_inputs, through the tool's main in this
+    process (its flags parsed by absl): exit status 1 and one error line
+    naming the culprit, no traceback, nothing of a finished run changed (a
+    short run of the simple CNN: finished_run is newest-only in CI)."""
+    model_dir = tmp_path / "finished"
+    train_data.short_run(model_dir, model="simple_cnn")
+    before = fingerprint(model_dir)
+    cases = _bad_inputs(tmp_path, model_dir)
     for name, (args, culprit, detail) in cases.items():
-        if name in ("tpu", "into_another_run"):
+        if name in BAD_INPUTS_IN_PROCESSES:
             continue
-        if not any(a.startswith("--model_dir") for a in args):
-            args = [*args, f"--model_dir={tmp_path / 'runs' / name}"]
-        try:
-            train.train_and_evaluate(parse(*args))
-        except (flags.Error, *train_cli.KNOWN_ERRORS) as error:
-            message = str(error)
-        else:
-            raise AssertionError(f"{name}: {args} trained without an error")
-        assert culprit in message and detail in message, (name, message)
-        assert "\n" not in message.strip(), (name, message)
+        if name != "into_another_run":
+            args = _with_model_dir(args, f"--model_dir={tmp_path / 'runs' / name}")
+        capfd.readouterr()
+        status = run_main(*args)
+        _one_error_line(status, capfd.readouterr().err, args, culprit, detail)
+    assert fingerprint(model_dir) == before
 
 
 def test_an_error_line_is_what_failed_not_tensorflows_headers():

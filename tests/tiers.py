@@ -64,6 +64,7 @@ _LIBRARY_STARTERS = (
 # Library functions that train a whole run (or several) in this process.
 _LIBRARY_TRAINING = (
     ("keras_lars.tools.train", "train_and_evaluate"),
+    ("keras_lars.tools.train.cli", "main"),  # tests/train_tool.py's run_main
     ("keras_lars.tools.batch_study", "run_study"),
     ("keras_lars.tools.batch_study", "run_cell"),
     ("keras_lars.tools.batch_study", "run_target_study"),
@@ -341,42 +342,23 @@ LONG_TESTS = {
     "test_distribute.py::test_killed_worker_restarts_from_backup_and_ends_like_uninterrupted_"
     "run": f"2 worker processes, {_RESUMES} (22 s)",
     "test_train_runs.py::test_each_model_family_trains_on_generated_tfrecords": (
-        "the tool on records, each model family in its own process (64 s)"
+        "every model family through the tool's main on records, ResNet-18 to its accuracy "
+        "(64 s when each ran in its own process)"
     ),
-    "test_train_runs.py::test_bad_input_is_one_line_naming_the_flag_or_file": (
-        "seven tool processes, each ending in its error line (36 s)"
-    ),
-    "test_train_loop.py::test_help_lists_every_setting": (
-        "the `launches` fixture: six single-process tool runs (64 s)"
-    ),
-    "test_train_resume.py::test_rerun_after_kill_resumes_and_ends_as_an_uninterrupted_run": (
-        f"{_RESUMES} (46 s)"
-    ),
-    "test_train_resume.py::test_sigterm_saves_within_the_epoch_and_the_rerun_ends_as_an_"
-    "uninterrupted_run": f"{_RESUMES} (37 s)",
+    "test_train_resume.py::test_sigterm_then_a_kill_and_the_reruns_end_as_an_uninterrupted_"
+    "run": f"{_RESUMES}: four AlexNet-BN runs (was two tests, 46 and 37 s)",
     "test_train_accumulation.py::test_a_stop_inside_an_epoch_resumes_at_an_update_and_ends_as_"
-    "the_uninterrupted_run": f"{_RESUMES}, with micro-batches (42 s)",
+    "the_uninterrupted_run": f"{_RESUMES}, with micro-batches (42 s at 6 epochs of 16x16)",
     "test_train_accumulation.py::test_on_the_jax_backend_too": (
         "the tool on JAX with micro-batches, in its own process (24 s)"
     ),
     "test_train_flags.py::test_two_replicas_train_and_evaluate_padded_batches": (
-        "a tool run on two replicas, AlexNet-BN on records (28 s)"
+        "a tool run on two replicas, AlexNet-BN on records (28 s at 32x32, now 16x16)"
     ),
-    "test_train_adaptive.py::test_a_decision_changes_the_batch_and_a_rerun_from_its_"
-    "checkpoint_decides_alike": "an adaptive run and its rerun from a checkpoint (27 s)",
     "test_batch_schedule_tool.py::test_sigterm_inside_the_second_phase_and_the_rerun_ends_as_"
-    "an_uninterrupted_run": f"{_RESUMES}, in phases (45 s)",
+    "an_uninterrupted_run": f"{_RESUMES}, in phases (45 s at 16x16 and twice the batches)",
     "test_signals.py::test_sigterm_to_the_study_stops_its_running_cell_naming_it_and_a_rerun_"
-    "resumes_it": "the study in a process, signalled and rerun (45 s)",
-    "test_signals.py::test_sighup_checkpoints_and_exits_75_like_sigterm": (
-        "the tool in a process, signalled and rerun (24 s)"
-    ),
-    "test_bad_input.py::test_a_deleted_config_json_still_refuses_other_settings_naming_them": (
-        "the `lars_run` fixture: a short run in this process, then a refused rerun (24 s)"
-    ),
-    "test_bad_input.py::test_a_resumed_run_reports_its_own_throughput_not_the_checkpoints": (
-        "two short runs in this process, the second resuming the first (23 s)"
-    ),
+    "resumes_it": "the study in three processes, signalled twice and rerun (45 s with ResNet-18)",
     "test_batch_study.py::test_tiny_sweep_writes_tables_and_plot_and_reuses_finished_cells": (
         "the `sweep` fixture: a tiny study's six cells (grid and batch control), each a "
         "training run (were 37 s and 35 s in two studies)"
@@ -482,11 +464,12 @@ _SETTINGS_RECORD = (
     "test_train_checkpoints' leftovers test"
 )
 _LAUNCHES = (
-    "one of test_train_loop's LAUNCHES (six single-process runs in one fixture: divergence, its "
-    "rollbacks, throughput, a failed checkpoint write, --help), the tool's bookkeeping over "
-    "Keras's fit and weights files, whose version-dependent parts the oldest pair runs in "
-    "test_train_resume's kill and SIGTERM reruns (checkpoints written, read and resumed) and "
-    "test_callbacks (Keras's callbacks); ~250 s of the oldest stage on 2026-12-04"
+    "one of test_train_loop's tests (divergence, its rollbacks, throughput: runs of the "
+    "tool's main in this process; a failed checkpoint write and --help: processes), the "
+    "tool's bookkeeping over Keras's fit and weights files, whose version-dependent parts the "
+    "oldest pair runs in test_train_resume's SIGTERM and kill reruns (checkpoints written, "
+    "read and resumed) and test_callbacks (Keras's callbacks); ~250 s of the oldest stage on "
+    "2026-12-04, as six processes"
 )
 NEWEST_ONLY_IN_CI = {
     "test_train_loop.py::test_divergence_stops_with_one_error_line_and_checkpoints_nothing": (
@@ -512,11 +495,12 @@ NEWEST_ONLY_IN_CI = {
     "test_train_runs.py::test_default_run_writes_checkpoints_logs_and_summary": "the quick "
     "start's job cut to 2 of its 15 epochs (the wheel stage runs it again from the built "
     "wheel); the oldest pair trains the same code in test_train_checkpoints' short run",
-    "test_train_runs.py::test_bad_input_is_one_line_naming_the_flag_or_file": "seven tool "
-    "starts, one for each way an error reaches the command line, into the quick start's "
-    "finished run; the oldest pair checks every case's message in this process "
-    "(test_each_bad_input_is_an_error_naming_the_flag_or_file), and real tool processes' "
-    "one error line in test_fashion_mnist, test_cluster_resolution and test_elastic_resume",
+    "test_train_runs.py::test_bad_input_is_one_line_naming_the_flag_or_file": "two tool "
+    "starts (absl's parser, the TPU cluster's start) into the quick start's finished run; the "
+    "oldest pair checks every other case's exit status and line through the tool's main in "
+    "this process (test_each_bad_input_is_an_error_naming_the_flag_or_file), and real tool "
+    "processes' one error line in test_fashion_mnist, test_cluster_resolution and "
+    "test_elastic_resume",
     "test_train_runs.py::test_each_model_family_trains_on_generated_tfrecords": "every model "
     "builds on the oldest pair in test_models, and AlexNet-BN trains on records there in "
     "test_train_flags' two-replica run",

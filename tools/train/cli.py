@@ -14,6 +14,7 @@ import os
 import sys
 
 from absl import app
+from absl import flags
 
 from keras_lars import _quiet
 from keras_lars.tools import settings
@@ -99,10 +100,12 @@ def lost_peer(error, values):
     return describe_lost_peer(error, values, runtime_class(backend).collective_failed, who)
 
 
-def main(argv):
+def main(argv, flag_values=flags.FLAGS):
+    """The run of parsed `flag_values` (absl's, by default; the tests parse
+    their own to run the program in their process)."""
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
-    values, given = settings.from_flags(Config)
+    values, given = settings.from_flags(Config, flag_values)
     check_flags(values, given)
     if values["backend"] and "keras" not in sys.modules:  # Keras loads on it: no restart
         os.environ["KERAS_BACKEND"] = values["backend"]
