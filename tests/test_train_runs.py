@@ -83,7 +83,7 @@ def test_each_model_family_trains_on_generated_tfrecords(records, tmp_path, capf
     common = [
         "--dataset=imagenet",
         f"--data_dir={records}",
-        "--image_size=32",
+        "--image_size=16",
         "--global_batch_size=8",
         "--warmup_epochs=0",
     ]
