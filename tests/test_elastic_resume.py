@@ -13,6 +13,8 @@ uninterrupted runs on either layout, to float32 tolerance. Without
 --sync_batch_norm each replica normalizes its own half of the batch, and the
 resume is refused in one line naming both layouts, nothing lost.
 
+The uninterrupted runs all start at once, and so do the reruns.
+
 Every process runs with TF_ENABLE_ONEDNN_OPTS=0: oneDNN's CPU kernels round a
 batch of 128 differently from one of 256 (measured: 1e-4 apart after one
 step with them, 6e-6 without), which is the kernels' doing, not the layout's.
@@ -56,10 +58,11 @@ SHARED = [
     "--checkpoint_every_steps=6",
 ]
 SYNCED = [*SHARED, "--sync_batch_norm"]
-# One step of the first 128 digits, for the refusals: they come before any
-# step of the rerun. (Was one step of 1024: 8x the compute for no claim.)
+# One step of the first 128 digits, not evaluated, for the refusals: they
+# come before any step of the rerun. (Was one step of 1024: 8x the compute
+# for no claim.)
 UNSYNCED = ["--image_size=8", "--global_batch_size=128", "--train_examples=128"]
-UNSYNCED += ["--train_epochs=1", "--warmup_epochs=0"]
+UNSYNCED += ["--train_epochs=1", "--warmup_epochs=0", "--noeval"]
 # The resumed run ends as the uninterrupted run on its old layout: its last
 # step ran on the new one (measured, largest absolute difference: 4.8e-7 both
 # ways, TF 2.21, 2026-12-04; with batches of 256 and 512, 9.5e-6 from 2 workers
@@ -70,6 +73,8 @@ UNSYNCED += ["--train_epochs=1", "--warmup_epochs=0"]
 # tests/test_launchers.py). Without --sync_batch_norm they are 9e-2 apart.
 RTOL, ATOL, LAYOUTS_ATOL = 1e-4, 5e-4, 3e-2
 LAST, RESUMED_FROM = "ckpt-0002", "ckpt-0001-000001"
+LAYOUT_CHANGES = [(2, 1), (1, 2)]  # (workers before, after)
+LAYOUT_IDS = ["2_workers_to_1", "1_to_2_workers"]
 
 
 def _start(args, model_dir, workers):
@@ -101,42 +106,49 @@ def _finish(processes):
     return processes_finish(processes, TIMEOUT)
 
 
-def _train(args, model_dirs):
-    """Runs the tool in each {workers: model_dir} at once; every one must end 0."""
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    """{kind: {workers: model_dir}}: the uninterrupted runs on 2 workers and
+    on 1 process, SYNCED and UNSYNCED, all six processes at once; every one
+    must end 0."""
+    root = tmp_path_factory.mktemp("runs")
+    dirs = {kind: {2: root / f"{kind}2", 1: root / f"{kind}1"} for kind in ("synced", "unsynced")}
+    args = {"synced": SYNCED, "unsynced": UNSYNCED}
     started = {
-        workers: _start(args, model_dir, workers) for workers, model_dir in model_dirs.items()
+        (kind, workers): _start(args[kind], model_dir, workers)
+        for kind, model_dirs in dirs.items()
+        for workers, model_dir in model_dirs.items()
     }
-    for workers, processes in started.items():
-        for code, _, err in _finish(processes):
-            assert code == 0, f"{workers} worker(s): {err[-3000:]}"
+    ended = {key: _finish(processes) for key, processes in started.items()}
+    for (kind, workers), results in ended.items():
+        for code, _, err in results:
+            assert code == 0, f"{kind}, {workers} worker(s): {err[-3000:]}"
+    return dirs
 
 
 @pytest.fixture(scope="module")
-def synced(tmp_path_factory):
-    """{workers: model_dir} of the uninterrupted --sync_batch_norm runs on 2 and 1."""
-    root = tmp_path_factory.mktemp("synced")
-    runs = {2: root / "two_workers", 1: root / "one_process"}
-    _train(SYNCED, runs)
-    return runs
+def reruns(runs, tmp_path_factory):
+    """{(kind, before, after): (model_dir, fingerprint before the rerun,
+    [(return code, stdout, stderr)])}: each run of `runs` rerun on the
+    other layout in a copy (a synced one as if stopped at its mid-epoch
+    checkpoint), all four reruns (six processes) at once."""
+    root = tmp_path_factory.mktemp("reruns")
+    started = {}
+    for kind, args in (("synced", SYNCED), ("unsynced", UNSYNCED)):
+        for before, after in LAYOUT_CHANGES:
+            copy = root / f"{kind}_{before}_to_{after}"
+            shutil.copytree(runs[kind][before], copy)
+            if kind == "synced":
+                _stop_at_mid_epoch(copy)
+            started[kind, before, after] = copy, fingerprint(copy), _start(args, copy, after)
+    return {key: (copy, files, _finish(ps)) for key, (copy, files, ps) in started.items()}
 
 
-@pytest.fixture(scope="module")
-def unsynced(tmp_path_factory):
-    """{workers: model_dir} of one step without --sync_batch_norm on 2 and 1."""
-    root = tmp_path_factory.mktemp("unsynced")
-    runs = {2: root / "two_workers", 1: root / "one_process"}
-    _train(UNSYNCED, runs)
-    return runs
-
-
-def _stopped_copy(model_dir, tmp_path):
-    """A copy of the finished run as if stopped at its mid-epoch checkpoint."""
-    copy = tmp_path / "resumed"
-    shutil.copytree(model_dir, copy)
+def _stop_at_mid_epoch(copy):
+    """Makes the copy of a finished run as if stopped at its mid-epoch checkpoint."""
     for path in [*(copy / "checkpoints").glob(f"{LAST}.*"), copy / "summary.json"]:
         path.unlink()
     assert checkpoints.saved(str(copy / "checkpoints"))[-1] == (1, 1)
-    return copy
 
 
 def _weights(model_dir, name=LAST):
@@ -150,7 +162,8 @@ def _assert_close(actual, expected, atol):
 
 
 @pytest.mark.multiworker
-def test_two_workers_with_a_batch_change_equal_one_process(synced):
+def test_two_workers_with_a_batch_change_equal_one_process(runs):
+    synced = runs["synced"]
     summaries = {n: json.loads((d / "summary.json").read_text()) for n, d in synced.items()}
     for summary in summaries.values():
         assert [(h["steps"], h["global_batch_size"]) for h in summary["history"]] == [
@@ -164,12 +177,10 @@ def test_two_workers_with_a_batch_change_equal_one_process(synced):
 
 
 @pytest.mark.multiworker
-@pytest.mark.parametrize(
-    "before, after", [(2, 1), (1, 2)], ids=["2_workers_to_1", "1_to_2_workers"]
-)
-def test_a_synced_run_resumes_exactly_on_the_other_layout(synced, tmp_path, before, after):
-    copy = _stopped_copy(synced[before], tmp_path)
-    results = _finish(_start(SYNCED, copy, after))
+@pytest.mark.parametrize("before, after", LAYOUT_CHANGES, ids=LAYOUT_IDS)
+def test_a_synced_run_resumes_exactly_on_the_other_layout(runs, reruns, before, after):
+    synced = runs["synced"]
+    copy, _, results = reruns["synced", before, after]
     assert [code for code, _, _ in results] == [0] * after, results[0][2][-3000:]
     layouts = {1: "1 process of 1 replica", 2: "2 workers of 1 replica each"}
     for _, out, _ in results:
@@ -198,16 +209,10 @@ def test_a_synced_run_resumes_exactly_on_the_other_layout(synced, tmp_path, befo
 
 
 @pytest.mark.multiworker
-@pytest.mark.parametrize(
-    "before, after", [(2, 1), (1, 2)], ids=["2_workers_to_1", "1_to_2_workers"]
-)
-def test_an_unsynced_run_on_the_other_layout_is_refused_naming_both(
-    unsynced, tmp_path, before, after
-):
-    copy = tmp_path / "rerun"
-    shutil.copytree(unsynced[before], copy)
-    files = fingerprint(copy)
-    results = _finish(_start(UNSYNCED, copy, after))
+@pytest.mark.parametrize("before, after", LAYOUT_CHANGES, ids=LAYOUT_IDS)
+def test_an_unsynced_run_on_the_other_layout_is_refused_naming_both(reruns, before, after):
+    copy, files, results = reruns["unsynced", before, after]
+    assert len(results) == after
     layouts = {1: "1 process of 1 replica", 2: "2 workers of 1 replica each"}
     expected = (
         f"error: --model_dir={copy}: the checkpoint {copy / 'checkpoints' / 'ckpt-0001'} was "

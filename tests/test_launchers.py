@@ -18,6 +18,9 @@ launchers (MirroredStrategy on 2 logical CPUs in one process gives the same
 `sync_batch_norm_variance` leaves it unchanged); reordering the global
 batch on one device moves it 3.5e-4 only; the cause is still open. A worker
 reading the wrong half of the data moves LARS's normalized steps by about 1.
+
+The same fixture runs a third 2-worker cluster (TF_CONFIG) in bfloat16
+all-reduce, compared with the SLURM cluster's float32 step.
 """
 
 import inspect
@@ -53,6 +56,18 @@ ONE_STEP = (
     "--noeval",
     "--log_every_seconds=0",
 )
+INITIAL = "--save_weights_at_steps=0"  # the weights before the step, in one process
+# One LARS step of the simple CNN on 64 digits at 8x8 (330k parameters; with
+# ResNet-18, its compilation in each of the 3 processes took most of 54 s).
+JAX_STEP = (
+    "--model=simple_cnn",
+    "--image_size=8",
+    "--global_batch_size=64",
+    "--train_steps=1",
+    "--warmup_epochs=0.05",
+    "--noeval",
+    "--log_every_seconds=0",
+)
 
 
 # --- helpers ---------------------------------------------------------------------
@@ -79,10 +94,11 @@ def largest_difference(expected, actual):
 @pytest.fixture(scope="module")
 def tf_runs(tmp_path_factory):
     """{name: (model dir, [(status, output)])}: ONE_STEP in one process, on
-    2 SLURM tasks (--cluster=slurm) and on a chief + worker TF_CONFIG."""
+    2 SLURM tasks (--cluster=slurm), on a chief + worker TF_CONFIG and, in
+    bfloat16 all-reduce, on 2 workers of a TF_CONFIG."""
     root = tmp_path_factory.mktemp("launchers")
     runs = {}
-    one = start([*ONE_STEP, f"--model_dir={root / 'one'}"], child_env())
+    one = start([*ONE_STEP, INITIAL, f"--model_dir={root / 'one'}"], child_env())
     job = free_slurm_job()
     slurm = [
         start(
@@ -105,6 +121,21 @@ def tf_runs(tmp_path_factory):
     # the stranger meet TensorFlow's server at the port instead (CI, 2026-12-05).
     settings = shared_settings(Config(strategy="multi_worker", model_dir=str(root / "c")))
     stranger = forger.start(ports[0], ("worker", 0), {"cluster": spec}, settings, root / "c")
+    workers = {"worker": [f"localhost:{port}" for port in free_ports(2)]}
+    bfloat16 = [
+        start(
+            [
+                *ONE_STEP,
+                "--allreduce_dtype=bfloat16",
+                "--strategy=multi_worker",
+                f"--model_dir={root / 'b'}",
+            ],
+            child_env(
+                TF_CONFIG=json.dumps({"cluster": workers, "task": {"type": "worker", "index": i}})
+            ),
+        )
+        for i in range(2)
+    ]
     chief = []
     for task, given in ((("chief", 0), "--cluster=auto"), (("worker", 0), "--cluster=tf_config")):
         if task[0] == "worker":
@@ -114,6 +145,7 @@ def tf_runs(tmp_path_factory):
         chief.append(start(args, child_env(TF_CONFIG=json.dumps(tf_config))))
     runs["chief"] = (str(root / "c"), finish(chief), ports)
     runs["forged"] = forger.result(stranger)
+    runs["bfloat16"] = (str(root / "b"), finish(bfloat16))
     return runs
 
 
@@ -153,6 +185,43 @@ def test_slurm_and_chief_clusters_train_alike_and_as_one_process(tf_runs):
     # data (a worker reading the other's half, or each the whole batch)
     # moves LARS's normalized steps by their whole size, ~1.
     assert largest_difference(final_weights(one), slurm_weights) < 0.1
+
+
+BFLOAT16_ROUNDOFF = 2.0**-8  # bfloat16 keeps 8 significant bits
+
+
+def test_bfloat16_all_reduce_on_two_workers_rounds_only_the_summed_gradients(tf_runs):
+    """Jia et al. 2018: half the bytes on the wire. The float32 (SLURM) and
+    the bfloat16 cluster run the same forward and backward pass in their
+    step; only the all-reduced sum differs, by bfloat16's rounding of each
+    worker's gradient and of the sum. So after the step every trained
+    variable is off by a few roundoffs of the step (measured at 8x8 without
+    synchronized batch norm: at most 4.5e-3 of the next step's size,
+    2026-12-03), and batch norm's moving statistics, which the forward pass
+    sets (synchronized over the workers in float32), are equal. (Before
+    2026-12-03 this test trained both clusters 6 epochs: 0.964 validation
+    accuracy with bfloat16, 0.983 with float32.)"""
+    (rounded_dir, _), (float32_dir, _) = (_ran(tf_runs[k]) for k in ("bfloat16", "slurm"))
+    for model_dir, dtype in ((rounded_dir, "bfloat16"), (float32_dir, "float32")):
+        ran = summary(model_dir)
+        assert ran["config"]["allreduce_dtype"] == dtype and ran["steps"] == 1
+        assert ran["layout"] == {"workers": 2, "replicas": 2}
+        assert np.isfinite(ran["final"]["loss"])
+    rounded, stepped = final_weights(rounded_dir), final_weights(float32_dir)
+    before = h5_arrays(os.path.join(_ran(tf_runs["one"])[0], "weights", "step-000000.weights.h5"))
+    trained, statistics = 0, 0
+    for name, value in stepped.items():
+        if not name.startswith("layers/"):
+            continue
+        off = float(np.abs(rounded[name] - value).max())
+        if "batch_normalization" in name and name.endswith(("vars/2", "vars/3")):
+            assert off == 0, name  # moving mean and variance
+            statistics += 1
+            continue
+        step = float(np.abs(value - before[name]).max())
+        assert 0 < off <= 4 * BFLOAT16_ROUNDOFF * step, (name, off / step)
+        trained += 1
+    assert (trained, statistics) == (62, 40)  # ResNet-18's trained variables, 20 batch norms
 
 
 REFUSED = {
@@ -212,13 +281,13 @@ def test_jax_slurm_processes_step_as_one_device(tmp_path):
 
     def process(procid):
         return start(
-            [*jax_tests.TWO_STEPS, *distributed, f"--model_dir={tmp_path / 'slurm'}"],
+            [*JAX_STEP, *distributed, f"--model_dir={tmp_path / 'slurm'}"],
             dict(jax_tests.jax_env(devices=1), **slurm_env(job, procid)),
         )
 
     processes = [process(0)]
     one = start(
-        [*jax_tests.TWO_STEPS, "--distribution=none", f"--model_dir={tmp_path / 'one'}"],
+        [*JAX_STEP, "--distribution=none", f"--model_dir={tmp_path / 'one'}"],
         jax_tests.jax_env(devices=1),
     )
     if stranger:
@@ -243,14 +312,22 @@ def test_jax_slurm_processes_step_as_one_device(tmp_path):
         )
         assert line in output, output[-3000:]
         assert "--distribution=data_parallel: 2 cpu devices in 2 processes" in output
-    # float32, with test_train_jax's rule for a ReLU that rounding flipped: in
-    # --precision=float64 this layout (2 processes x 1 device) parted from one
-    # device by 8.2e-3 (100 of 164 arrays, the same on every run; 2 x 4 devices
-    # agree to 1e-5 there), unexplained, where float32 agrees to 1e-5 here.
-    jax_tests.assert_float32_first_steps_alike(
-        jax_tests.first_step_weights(str(tmp_path / "one")),
-        jax_tests.first_step_weights(str(tmp_path / "slurm")),
-    )
+    # Every variable and slot within float32 rounding (measured 3.6e-7,
+    # 2026-12-07), but for a ReLU input (or a max pool's tie) within rounding
+    # of 0, which one run's summation order flips (test_train_jax's
+    # flip_depth): the gradients below it part by ~1%, while the logits
+    # layer's, whose input the flip moves by a rounding only, still agree. A
+    # process reading the wrong examples moves every slot by its whole size.
+    # (With ResNet-18, in --precision=float64 this layout parted from one
+    # device by 8.2e-3 on one machine, unexplained, where float32 agreed to 1e-5.)
+    paths = [
+        os.path.join(tmp_path, run, "checkpoints", "ckpt-0001.weights.h5")
+        for run in ("one", "slurm")
+    ]
+    difference, arrays = jax_tests.largest_difference(*paths)
+    depth, slots = jax_tests.flip_depth(*paths)
+    assert (arrays, slots) == (17, 8), (arrays, slots)  # 8 variables, their slots, the step
+    assert difference <= 5e-5 or 0 < depth <= slots - 2, (difference, depth)
 
 
 def test_jax_slurm_processes_are_what_jax_detects(monkeypatch):

@@ -319,22 +319,22 @@ LONG_TESTS = {
     "test_plan_layout.py::test_the_planned_layout_compiles_to_the_planned_bytes_fewer_than_"
     "data_parallel": "the tool's JAX step compiled under a planned layout (19 s)",
     "test_train_cluster.py::test_a_sigterm_then_a_killed_worker_and_the_reruns_end_as_the_"
-    "uninterrupted_run": f"2-worker TensorFlow runs, {_RESUMES} (100 s)",
-    "test_train_cluster.py::test_bfloat16_all_reduce_on_two_workers_rounds_only_the_summed_"
-    "gradients": "2-worker runs in float32 and bfloat16 all-reduce (41 s)",
+    "uninterrupted_run": f"four 2-worker TensorFlow runs of the simple CNN, {_RESUMES} (100 s "
+    "with AlexNet)",
     "test_elastic_resume.py::test_two_workers_with_a_batch_change_equal_one_process": (
-        "the `synced` fixture: a 2-worker and a 1-process run (67 s)"
+        "the `runs` fixture: 2-worker and 1-process runs of ResNet-18, with and without "
+        "--sync_batch_norm, at once (the two were 67 s and 36 s one after the other)"
     ),
-    "test_elastic_resume.py::test_an_unsynced_run_on_the_other_layout_is_refused_naming_both"
-    "[2_workers_to_1]": "the `unsynced` fixture: a 2-worker and a 1-process run (43 s)",
-    "test_elastic_resume.py::test_a_synced_run_resumes_exactly_on_the_other_layout[*]": (
-        "a resume on the other worker count (21-29 s)"
-    ),
+    "test_elastic_resume.py::test_a_synced_run_resumes_exactly_on_the_other_layout"
+    "[2_workers_to_1]": "the `reruns` fixture: each run resumed or refused on the other worker "
+    "count, at once (the four were 21-43 s each, one after the other)",
     "test_launchers.py::test_slurm_tasks_become_workers_at_ports_of_the_job": (
-        "the `tf_runs` fixture: 2-worker runs through SLURM's and a chief's environment (54 s)"
+        "the `tf_runs` fixture: 2-worker runs through SLURM's and a chief's environment, and "
+        "in bfloat16 all-reduce (54 s without the last)"
     ),
     "test_launchers.py::test_jax_slurm_processes_step_as_one_device": (
-        "2 JAX processes through SLURM's environment against one (54 s)"
+        "2 JAX processes through SLURM's environment against one, the simple CNN (54 s with "
+        "ResNet-18)"
     ),
     "test_distribute.py::test_two_workers_match_single_process_on_the_global_batches": (
         "the `two_worker_training` fixture: MultiWorkerMirroredStrategy in 2 processes (23 s)"
