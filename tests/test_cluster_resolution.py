@@ -136,27 +136,59 @@ def test_cluster_needs_multi_worker_or_jax():
     assert Config(strategy="multi_worker", cluster="slurm").cluster == "slurm"
 
 
-def test_the_tool_outside_srun_says_what_is_missing_and_writes_nothing(tmp_path):
-    args = ["--strategy=multi_worker", f"--model_dir={tmp_path / 'run'}"]
-    outcomes = finish(
-        [
-            start([*args, "--cluster=slurm"], child_env(SLURM_JOB_ID="5")),
-            start(args, child_env()),
-            start(["--strategy=mirrored", "--cluster=slurm"], child_env()),
-        ]
-    )
-    lines = [
-        "error: --cluster=slurm: SLURM_PROCID, SLURM_STEP_NUM_TASKS, SLURM_STEP_NODELIST, "
-        "SLURM_STEP_TASKS_PER_NODE are not set: run the tool as a task of srun (see "
-        "docs/launchers.md)",
-        "error: --strategy=multi_worker --cluster=auto: found no cluster here: TF_CONFIG is not "
-        "set and neither are SLURM's SLURM_JOB_ID and SLURM_PROCID (run it under srun); set "
-        "TF_CONFIG, or see docs/launchers.md",
-        "error: --cluster=slurm: needs --strategy=multi_worker, not --strategy=mirrored.",
+def _outside_srun(model_dir):
+    """[(args, env, last line)]: the tool started outside srun."""
+    args = ["--strategy=multi_worker", f"--model_dir={model_dir}"]
+    return [
+        (
+            [*args, "--cluster=slurm"],
+            child_env(SLURM_JOB_ID="5"),
+            "error: --cluster=slurm: SLURM_PROCID, SLURM_STEP_NUM_TASKS, SLURM_STEP_NODELIST, "
+            "SLURM_STEP_TASKS_PER_NODE are not set: run the tool as a task of srun (see "
+            "docs/launchers.md)",
+        ),
+        (
+            args,
+            child_env(),
+            "error: --strategy=multi_worker --cluster=auto: found no cluster here: TF_CONFIG is "
+            "not set and neither are SLURM's SLURM_JOB_ID and SLURM_PROCID (run it under srun); "
+            "set TF_CONFIG, or see docs/launchers.md",
+        ),
+        (
+            ["--strategy=mirrored", "--cluster=slurm"],
+            child_env(),
+            "error: --cluster=slurm: needs --strategy=multi_worker, not --strategy=mirrored.",
+        ),
     ]
-    for (status, output), line in zip(outcomes, lines):
+
+
+@pytest.fixture(scope="module")
+def bad_starts(tmp_path_factory):
+    """{name: (model dir, [((status, output), expected last line)])}: the
+    tool's processes of each group of bad starts, all started at once."""
+    root = tmp_path_factory.mktemp("bad_starts")
+    groups = {
+        "outside_srun": (root / "outside", _outside_srun(root / "outside")),
+        "damaged": (root / "damaged", _damaged_starts(root / "damaged")),
+    }
+    started = {
+        name: [start(args, env) for args, env, _ in cases] for name, (_, cases) in groups.items()
+    }
+    return {
+        name: (model_dir, list(zip(finish(started[name]), [line for _, _, line in cases])))
+        for name, (model_dir, cases) in groups.items()
+    }
+
+
+def _ended_in_one_line_and_wrote_nothing(group):
+    model_dir, outcomes = group
+    for (status, output), line in outcomes:
         assert status == 1 and output.strip().splitlines()[-1] == line, output[-3000:]
-    assert not (tmp_path / "run").exists()
+    assert not model_dir.exists()
+
+
+def test_the_tool_outside_srun_says_what_is_missing_and_writes_nothing(bad_starts):
+    _ended_in_one_line_and_wrote_nothing(bad_starts["outside_srun"])
 
 
 # --- the start's damaged input, one line each ----------------------------------------
@@ -260,17 +292,16 @@ def test_tf_config_naming_an_address_twice_is_refused_up_front(monkeypatch):
     )
 
 
-def test_each_bad_start_of_the_tool_is_one_line(tmp_path):
-    """The tool's own processes, each ending with one line and exit status 1,
-    nothing written."""
+def _damaged_starts(model_dir):
+    """[(args, env, last line)]: the tool started on damaged input."""
     port, job = free_ports(1)[0], free_slurm_job()
     twice = {
         "cluster": {"worker": [f"localhost:{port}"] * 2},
         "task": {"type": "worker", "index": 0},
     }
     jax_slurm = dict(jax_tests.jax_env(devices=1), **slurm_env(job, 0), JAX_COORDINATOR_PORT="abc")
-    model_dir = f"--model_dir={tmp_path / 'run'}"
-    cases = [
+    model_dir = f"--model_dir={model_dir}"
+    return [
         (
             ["--strategy=multi_worker", "--worker_start_timeout_minutes=0.2", model_dir],
             child_env(TF_CONFIG=json.dumps(twice)),
@@ -308,7 +339,9 @@ def test_each_bad_start_of_the_tool_is_one_line(tmp_path):
             "'localhost:abc' is not host:port",
         ),
     ]
-    outcomes = finish([start(args, env) for args, env, _ in cases])
-    for (status, output), (_, _, line) in zip(outcomes, cases):
-        assert status == 1 and output.strip().splitlines()[-1] == line, output[-3000:]
-    assert not (tmp_path / "run").exists()
+
+
+def test_each_bad_start_of_the_tool_is_one_line(bad_starts):
+    """The tool's own processes, each ending with one line and exit status 1,
+    nothing written."""
+    _ended_in_one_line_and_wrote_nothing(bad_starts["damaged"])

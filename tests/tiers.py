@@ -388,11 +388,9 @@ LONG_TESTS = {
     "test_quiet.py::test_a_program_shows_our_lines_only_unless_the_user_set_the_log_level": (
         "programs started at each log level (29 s; 14 s)"
     ),
-    "test_cluster_resolution.py::test_each_bad_start_of_the_tool_is_one_line": (
-        "a tool process per bad start (28 s; 17 s)"
-    ),
     "test_cluster_resolution.py::test_the_tool_outside_srun_says_what_is_missing_and_writes_"
-    "nothing": "tool processes outside srun (21 s; 9 s)",
+    "nothing": "the `bad_starts` fixture: a tool process per bad start, eight at once (were "
+    "28 s and 21 s in two tests; 17 s and 9 s)",
     "test_benchmark_allreduce.py::test_two_real_workers_measure_every_size_form_and_dtype": (
         "the all-reduce benchmark in 2 worker processes (25 s; 12 s)"
     ),
