@@ -161,15 +161,15 @@ def test_the_tool_names_a_program_on_a_peers_address(tmp_path):
     listener = _Listener(ports[1])
     try:
         worker = _tool_worker(
-            ports, 0, f"--model_dir={tmp_path / 'run'}", "--worker_start_timeout_minutes=0.1"
+            ports, 0, f"--model_dir={tmp_path / 'run'}", "--worker_start_timeout_minutes=0.02"
         )
         status, errors = _finish(worker)
     finally:
         listener.close()
     assert status == 1, errors[-3000:]
     assert errors.strip().splitlines()[-1] == (
-        f"error: --worker_start_timeout_minutes=0.1: 1 of the 1 other tasks of TF_CONFIG: "
-        f"worker 1 (localhost:{ports[1]}) did not start within 6 s; something that is not "
+        f"error: --worker_start_timeout_minutes=0.02: 1 of the 1 other tasks of TF_CONFIG: "
+        f"worker 1 (localhost:{ports[1]}) did not start within 1.2 s; something that is not "
         f"this run's task accepts connections at localhost:{ports[1]}"
     )
     assert not (tmp_path / "run").exists()
@@ -200,7 +200,7 @@ def test_tensorflows_start_is_bounded_and_stoppable(stop, monkeypatch, tmp_path)
         ports,
         0,
         f"--model_dir={model_dir}",
-        f"--worker_start_timeout_minutes={0.2 if stop is None else 5}",
+        f"--worker_start_timeout_minutes={0.05 if stop is None else 5}",
         start_new_session=True,  # its own process group
     )
     try:
@@ -224,8 +224,8 @@ def test_tensorflows_start_is_bounded_and_stoppable(stop, monkeypatch, tmp_path)
         ), errors[-3000:]
     else:
         assert last == (
-            "error: --worker_start_timeout_minutes=0.2: TensorFlow's start of the workers did "
-            "not finish within 12 s (a worker stopped after meeting the others, or another "
+            "error: --worker_start_timeout_minutes=0.05: TensorFlow's start of the workers did "
+            "not finish within 3 s (a worker stopped after meeting the others, or another "
             "program took its port?); nothing was trained"
         ), errors[-3000:]
     assert not (model_dir / "checkpoints").exists()
@@ -248,7 +248,7 @@ def test_jax_distributeds_start_is_bounded(stop, tmp_path):
     command = [sys.executable, "-m", "keras_lars.tools.train", "--process_id=0"]
     command += [f"--{name}={value}" for name, value in flags.items()]
     process = subprocess.Popen(
-        [*command, f"--worker_start_timeout_minutes={0.2 if stop is None else 5}"],
+        [*command, f"--worker_start_timeout_minutes={0.05 if stop is None else 5}"],
         cwd=ROOT,
         env=dict(os.environ, KERAS_BACKEND="jax", JAX_PLATFORMS="cpu", TF_CPP_MIN_LOG_LEVEL="2"),
         stdout=subprocess.PIPE,
@@ -284,8 +284,8 @@ def test_jax_distributeds_start_is_bounded(stop, tmp_path):
         f"preempted: stopped by {stop} while jax.distributed started the processes; nothing "
         "was trained; run the same command to start"
         if stop
-        else "error: --worker_start_timeout_minutes=0.2: jax.distributed's start of the "
-        "processes did not finish within 12 s (a process stopped after meeting the others, or "
+        else "error: --worker_start_timeout_minutes=0.05: jax.distributed's start of the "
+        "processes did not finish within 3 s (a process stopped after meeting the others, or "
         "another program took its port?); nothing was trained"
     ), errors[-3000:]
 

@@ -403,12 +403,6 @@ LONG_TESTS = {
     "test_train_runs.py::test_default_run_writes_checkpoints_logs_and_summary": (
         "the quick start's job cut to 2 epochs, in a process (27 s; 17 s)"
     ),
-    "test_worker_start.py::test_tensorflows_start_is_bounded_and_stoppable[*]": (
-        "a TensorFlow tool process waiting for a peer that never starts, to its bound (22 s; 16 s)"
-    ),
-    "test_worker_start.py::test_jax_distributeds_start_is_bounded[*]": (
-        "a JAX tool process waiting for a peer that never starts, to its bound (21 s; 17 s)"
-    ),
 }
 
 
