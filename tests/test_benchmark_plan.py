@@ -174,6 +174,14 @@ def test_the_table_compares_planned_and_measured_and_the_choices():
         "cheapest  planned batch 64, measured batch 1,024: differ",
         "goal: planned / measured within 0.75..1.25 at every batch and the same choices: not met",
     ]
+    # the machine ran 1.6x faster before 1,024's run than at the short run: the plan made there
+    # is 1.6x shorter, 200 / 1.6 = 125 s against 190 measured: 0.66
+    lines, met = benchmark.comparison(cells, runs, speeds={64: 1.0, 1024: 1.6})
+    assert [line.split()[-1] for line in lines[:3]] == ["probe", "0.50", "0.66"]
+    assert lines[-2] == (
+        "from the probe: planned / measured of the plan made from the short run repeated just "
+        "before that batch's run; the machine's speed then: 1.00 x at 64, 1.60 x at 1,024"
+    )
     runs[64] = benchmark.Measured(None, float("nan"), 9.0)
     lines, met = benchmark.comparison(cells, runs)
     assert lines[1].split() == ["64", "1,000", "not", "reached", "-", "-", "-", "-", "-", "9", "s"]
@@ -183,16 +191,17 @@ def test_the_table_compares_planned_and_measured_and_the_choices():
 def test_a_whole_run_on_a_tiny_study(tmp_path):
     study = write_study(tmp_path / "study", chosen_trials())
     options = benchmark.BenchmarkSettings(
-        study=study, calibration_batch=64, calibration_steps=10, batches="32,128"
+        study=study, calibration_batch=64, calibration_steps=10, batches="128"
     )
     said = []
     benchmark.benchmark(options, str(tmp_path / "runs"), say=said.append)
     text = "\n".join(said)
     assert said[0] == "(1) 10 steps at batch 64, no evaluation ..."
+    assert sum(line.startswith("(3) the short run again: ") for line in said) == 1
     assert "step      simple_cnn at 8, measured (--from_run): " in text  # the planner's report
-    assert "(3) batch 32 to 0.01: peak rate 0.5 over 8 steps, seed 0" in text
-    assert "    reached at step 2: " in text and "    reached at step 1: " in text
+    assert "(3) batch 128 to 0.01: peak rate 1 over 2 steps, seed 0" in text
+    assert "    reached at step 1: " in text
     table = said[said.index("(4) planned / measured time to the target, one device:") + 1]
-    rows = [line.split() for line in table.splitlines()[1:3]]
-    assert [row[:3] for row in rows] == [["32", "4", "2"], ["128", "1", "1"]]
+    assert table.splitlines()[1].split()[:3] == ["128", "1", "1"]
+    assert table.splitlines()[0].endswith("from the probe")
     assert table.splitlines()[-1].startswith("goal: planned / measured within 0.75..1.25")

@@ -14,6 +14,11 @@
     cheapest batches are the measured ones.    goal: within +-25% at every
     batch, and the same choices
 
+On a shared machine the speed can change between the short run and the
+runs to the target. With --probe (the default) the short run is repeated
+just before each of them, and the table's last ratio is the plan made from
+that repeat: the planner's error with the machine's change left out.
+
 The planned time is training time (steps x step), so the measured time is
 too: the run's seconds to the evaluation that reached the target, less the
 seconds of the evaluations (every Model.evaluate call, timed here). The
@@ -84,6 +89,11 @@ class BenchmarkSettings:
         "64,1024",
         "The other global batches to plan and train to the target (ones the study tuned).",
         check=_batches,
+    )
+    probe: bool = setting(
+        True,
+        "Repeat the short run just before each run to the target, and compare the plan made "
+        "from it too (a shared machine's change of speed apart from the planner's error).",
     )
     work_dir: str = setting(
         "", "Where the runs are kept; empty: a temporary folder, removed at the end."
@@ -231,9 +241,11 @@ def choices(seconds):
     return fastest, fastest
 
 
-def comparison(cells, runs, goal=GOAL):
+def comparison(cells, runs, speeds=None, goal=GOAL):
     """(the planned / measured table's lines, whether the goal is met):
-    `cells` {batch: planned Cell}, `runs` {batch: Measured}."""
+    `cells` {batch: planned Cell}, `runs` {batch: Measured}; `speeds`
+    {batch: the machine's speed just before its run / at the short run}
+    adds the ratio of the plan made at that speed."""
     header = (
         "batch",
         "steps planned",
@@ -244,13 +256,14 @@ def comparison(cells, runs, goal=GOAL):
         "measured",
         "planned/measured",
         "evaluations",
+        *(("from the probe",) if speeds else ()),
     )
     rows, met = [], True
     for batch in sorted(runs):
         cell, run = cells[batch], runs[batch]
         if run.steps is None:
             rows.append((f"{batch:,}", f"{cell.steps:,.0f}", "not reached", *("-",) * 5))
-            rows[-1] += (f"{run.evaluation_seconds:.0f} s",)
+            rows[-1] += (f"{run.evaluation_seconds:.0f} s", *(("-",) if speeds else ()))
             met = False
             continue
         ratio = cell.seconds / run.seconds
@@ -267,6 +280,7 @@ def comparison(cells, runs, goal=GOAL):
                 duration(run.seconds),
                 f"{ratio:.2f}{'' if within else ' (outside)'}",
                 f"{run.evaluation_seconds:.0f} s",
+                *((f"{ratio / speeds[batch]:.2f}",) if speeds else ()),
             )
         )
     widths = [max(len(t) for t in column) + 2 for column in zip(header, *rows)]
@@ -281,6 +295,12 @@ def comparison(cells, runs, goal=GOAL):
             f"{'none' if m is None else f'{m:,}'}: {'the same' if same else 'differ'}"
         )
     verdict = "met" if met else "not met"
+    if speeds:
+        lines.append(
+            "from the probe: planned / measured of the plan made from the short run repeated "
+            "just before that batch's run; the machine's speed then: "
+            + ", ".join(f"{speeds[b]:.2f} x at {b:,}" for b in sorted(speeds))
+        )
     lines.append(
         f"goal: planned / measured within {1 - goal:.2f}..{1 + goal:.2f} at every batch and "
         f"the same choices: {verdict}"
@@ -295,23 +315,34 @@ def benchmark(options, work_dir, say=print):
     calibration = options.calibration_batch
     stored = best_trials(options.study, options.optimizer, (calibration, *batches))
     run_dir = os.path.join(work_dir, f"calibration-{calibration}")
-    config = study_config(
-        stored[calibration],
-        run_dir,
-        train_steps=options.calibration_steps,
-        warmup_epochs=0.0,
-        eval=False,
-        eval_every_steps=0,
-        target_accuracy=0.0,
-    )
+
+    def short_run(model_dir):  # its images/s
+        config = study_config(
+            stored[calibration],
+            model_dir,
+            train_steps=options.calibration_steps,
+            warmup_epochs=0.0,
+            eval=False,
+            eval_every_steps=0,
+            target_accuracy=0.0,
+        )
+        return trained(config)[0]["train_images_per_second"]
+
     say(f"(1) {options.calibration_steps} steps at batch {calibration:,}, no evaluation ...")
-    summary, _ = trained(config)
-    say(f"    {summary['train_images_per_second']:,.1f} images/s")
+    speed = short_run(run_dir)
+    say(f"    {speed:,.1f} images/s")
     say(f"(2) keras-lars-plan --target_study={options.study} --from_run={run_dir} ...")
     text, cells = planned(options.study, options.optimizer, run_dir, batches)
     say(text)
-    runs = {}
+    runs, speeds = {}, {}
     for batch in batches:
+        if options.probe:
+            now = short_run(os.path.join(work_dir, f"probe-{batch}"))
+            speeds[batch] = now / speed
+            say(
+                f"(3) the short run again: {now:,.1f} images/s, {speeds[batch]:.2f} x the "
+                "calibration's"
+            )
         config = study_config(stored[batch], os.path.join(work_dir, f"target-{batch}"))
         say(
             f"(3) batch {batch:,} to {config.target_accuracy}: peak rate "
@@ -326,7 +357,7 @@ def benchmark(options, work_dir, say=print):
             else f"    reached at step {found.steps:,}: {found.seconds:.1f} s of training, "
             f"{found.evaluation_seconds:.1f} s of evaluations"
         )
-    lines, met = comparison(cells, runs)
+    lines, met = comparison(cells, runs, speeds)
     say("(4) planned / measured time to the target, one device:")
     say("\n".join(lines))
     return met
