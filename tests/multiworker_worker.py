@@ -3,9 +3,9 @@
     TF_CONFIG=... python tests/multiworker_worker.py JOB OUT.npz [--backup-dir D] [--pause-file F]
 
 JOB is "train" (LARS + WarmupPolyDecay with steps_per_execution 1 and 4, and
-a synchronized-batch-norm model, all with keras_lars.compat), "symptoms"
-(the same fit on Keras's own code, one workaround missing at a time; the
-errors are recorded), "mirrored_symptom" (no TF_CONFIG; MirroredStrategy on
+a synchronized-batch-norm model, all with keras_lars.compat; then the same
+fit on Keras's own code, one workaround missing at a time, its errors
+recorded: the symptoms), "mirrored_symptom" (no TF_CONFIG; MirroredStrategy on
 two logical CPUs without one workaround, `--bug steps_per_execution` or
 `--bug collective_keys`; a failed collective can leave a process unable to
 run collectives again, so these run in processes of their own) or "fault"
@@ -135,6 +135,18 @@ def _error(run):
     return ""
 
 
+def _symptoms(strategy):
+    """The errors of the fit on Keras's own code, one workaround missing at a time."""
+    found = {}
+    with compat.unpatched():
+        found["no_workaround"] = _error(lambda: train(strategy))
+        with compat.patched(["symbolic_build_batch"]):
+            found["no_metrics_fix"] = _error(lambda: train(strategy))
+        with compat.patched(["symbolic_build_batch", "multi_worker_metrics"]):
+            found["no_loop_fix"] = _error(lambda: train(strategy, steps_per_execution=4))
+    return found
+
+
 def main(argv):
     job, out = argv[1], argv[2]
     options = dict(zip(argv[3::2], argv[4::2]))
@@ -152,13 +164,6 @@ def main(argv):
             with compat.patched(), compat.unpatched(["distinct_collective_keys"]):
                 train(mirrored())
                 results["error"] = _error(lambda: train(mirrored(), batch_norm=True))
-    elif job == "symptoms":  # Keras's own code, one workaround missing at a time
-        strategy = distribute.make_strategy("multi_worker", apply_compat=False)
-        results["no_workaround"] = _error(lambda: train(strategy))
-        with compat.patched(["symbolic_build_batch"]):
-            results["no_metrics_fix"] = _error(lambda: train(strategy))
-        with compat.patched(["symbolic_build_batch", "multi_worker_metrics"]):
-            results["no_loop_fix"] = _error(lambda: train(strategy, steps_per_execution=4))
     else:  # ring all-reduce of gradients packed into 256-byte chunks
         strategy = distribute.make_strategy(
             "multi_worker", collective_implementation="ring", bytes_per_pack=256
@@ -173,6 +178,7 @@ def main(argv):
             results.update(_weights("spe1", train(strategy)[0]))
             results.update(_weights("spe4", train(strategy, steps_per_execution=4)[0]))
             results.update(_weights("sync_bn", train(strategy, batch_norm=True)[0]))
+            results.update(_symptoms(strategy))  # last: a failed fit may break collectives
         elif job == "fault":
             callbacks = [distribute.BackupAndRestore(options["--backup-dir"])]
             if "--pause-file" in options:
@@ -181,9 +187,7 @@ def main(argv):
             results.update(_weights("fault", model))
             results["epochs"] = np.array(epochs)
         else:
-            raise ValueError(
-                f"Unknown JOB {job!r}; expected train, symptoms, fault or mirrored_symptom."
-            )
+            raise ValueError(f"Unknown JOB {job!r}; expected train, fault or mirrored_symptom.")
     np.savez(out, **results)
 
 

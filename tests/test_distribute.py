@@ -150,10 +150,11 @@ def test_steps_per_execution_4_equals_1_on_two_workers(two_worker_training):
 
 
 @pytest.mark.multiworker
-def test_each_multi_worker_workaround_is_needed(tmp_path):
+def test_each_multi_worker_workaround_is_needed(two_worker_training):
     """Keras's own code, one workaround missing at a time, shows each
-    upstream symptom; with all of them `fit` works (tests above)."""
-    for results in _Workers(tmp_path, "symptoms", "symptoms").results():
+    upstream symptom (in the workers of the "train" job, after its fits);
+    with all of them `fit` works (tests above)."""
+    for results in two_worker_training[0]:
         # keras#20585 / tensorflow#72388: strategy.reduce of the whole batch
         assert "Attempt to convert a value (PerReplica" in str(results["no_workaround"])
         # keras#20585 / tensorflow#72388: reduce(..., axis=0) of scalar metrics
