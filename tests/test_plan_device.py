@@ -2,17 +2,13 @@
 per-step cost, their calibration from throughputs, the memory verdict, the
 defaults and what the output says it assumes."""
 
-import os
-import subprocess
-import sys
-
 import pytest
 
 from keras_lars.tools import plan
 from keras_lars.tools.plan import records_table
 from keras_lars.tools.settings import ConfigError
+from tests.plan_tool import run_plan
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TOY = plan.custom_profile(parameters=1_000_000, forward_flops=1e9)  # 3e9 FLOPs a trained image
 SPEC = plan.DeviceSpec("toy", {"float16": 1e12}, 1e11, 1e9, "made up")
 
@@ -223,34 +219,21 @@ def test_the_half_speed_batch_is_printed_with_one_decimal(half_batch, printed):
     assert speed.endswith(f"half speed at {printed} images (--half_batch)"), speed
 
 
-@pytest.mark.subprocess
 def test_devices_8_prints_its_assumptions_and_a_memory_verdict():
-    process = subprocess.run(
-        [sys.executable, "-m", "keras_lars.tools.plan", "--devices=8"],
-        capture_output=True,
-        text=True,
-        cwd=ROOT,
-        timeout=300,
-    )
-    assert process.returncode == 0, process.stderr[-2000:]
-    lines = process.stdout.splitlines()
+    status, out, err = run_plan("--devices=8")
+    assert status == 0 and err == "", err
+    lines = out.splitlines()
     assert lines[0] == "assumes" and "V100-SXM2-16GB" in lines[1]
     memory = next(line for line in lines if line.startswith("memory"))
     assert memory.startswith("memory    10.4 GB of 16.0 GB a device: fits")
 
 
-@pytest.mark.subprocess
 def test_a_batch_that_does_not_fit_is_planned_with_one_warning_line():
-    process = subprocess.run(
-        [sys.executable, "-m", "keras_lars.tools.plan", "--devices=8", "--global_batch_size=8192"],
-        capture_output=True,
-        text=True,
-        cwd=ROOT,
-        timeout=300,
-    )
-    assert process.returncode == 0, process.stderr[-2000:]
-    warnings = [line for line in process.stderr.splitlines() if line.startswith("warning:")]
-    assert len(warnings) == 1
+    """In this process (tests/test_plan_target.py runs the program's own)."""
+    status, out, err = run_plan("--devices=8", "--global_batch_size=8192")
+    assert status == 0, err
+    warnings = [line for line in err.splitlines() if line.startswith("warning:")]
+    assert len(warnings) == 1 and err == warnings[0] + "\n"
     assert warnings[0].startswith("warning: --global_batch_size=8192: 1024 images a device need ")
-    memory = next(line for line in process.stdout.splitlines() if line.startswith("memory"))
+    memory = next(line for line in out.splitlines() if line.startswith("memory"))
     assert memory.startswith("memory    80.9 GB of 16.0 GB a device: does not fit")

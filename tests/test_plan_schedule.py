@@ -5,14 +5,13 @@ run is refused by name."""
 
 import importlib.util
 import os
-import subprocess
-import sys
 
 import pytest
 
 from keras_lars.tools import plan
 from keras_lars.tools.plan import report
 from keras_lars.tools.settings import ConfigError
+from tests.plan_tool import run_plan
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 N = 1_281_167  # ImageNet's training examples, the default --examples
@@ -222,19 +221,12 @@ def test_bad_schedules_name_the_flag_in_one_line(values, message):
     assert str(error.value) == message
 
 
-@pytest.mark.subprocess
 def test_a_bad_schedule_ends_the_program_in_one_line():
-    process = subprocess.run(
-        [sys.executable, "-m", "keras_lars.tools.plan", "--batch_schedule=0:4096,30:8200"],
-        capture_output=True,
-        text=True,
-        cwd=ROOT,
-        timeout=300,
-    )
-    assert process.returncode == 1
-    assert process.stderr.strip().splitlines()[-1] == (
+    status, out, err = run_plan("--batch_schedule=0:4096,30:8200")
+    assert status == 1 and out == ""
+    assert err == (
         "error: --batch_schedule=0:4096,30:8200: phase 2 (epochs 30-90: global batch 8,200, "
-        "image size 224): the global batch is not divisible by --devices (64)."
+        "image size 224): the global batch is not divisible by --devices (64).\n"
     )
 
 
@@ -268,19 +260,12 @@ def test_the_mikami_example_plans_the_records_hardware_and_batches():
     assert options.phased_plan().seconds == pytest.approx(record_plan.seconds, rel=1e-12)
 
 
-@pytest.mark.subprocess
 def test_the_planning_page_shows_the_programs_own_output():
     generator = _generator()
     argv = [flag for line in generator.MIKAMI2018 for flag in line]
-    process = subprocess.run(
-        [sys.executable, "-m", "keras_lars.tools.plan", *argv],
-        capture_output=True,
-        text=True,
-        cwd=ROOT,
-        timeout=300,
-    )
-    assert process.returncode == 0, process.stderr[-2000:]
+    status, out, err = run_plan(*argv)
+    assert status == 0 and err == "", err
     with open(os.path.join(ROOT, "docs", "planning.md")) as f:
         page = f.read()
-    assert process.stdout in page
-    assert process.stdout.splitlines()[-1].startswith("time to train")
+    assert out in page
+    assert out.splitlines()[-1].startswith("time to train")

@@ -19,6 +19,7 @@ from keras_lars.tools.plan import report
 from keras_lars.tools.plan import target_curve
 from keras_lars.tools.plan import time_to_accuracy as tta
 from keras_lars.tools.settings import ConfigError
+from tests.plan_tool import run_plan
 
 FIT = {
     "study": {
@@ -589,8 +590,21 @@ def test_the_planning_page_examples_are_what_the_planner_prints(tmp_path, monkey
     assert f"\n{shown}\n" in text and text.endswith(answers.rstrip("\n"))
 
 
+def test_the_program_prints_the_grid(tmp_path):
+    study = write_study(tmp_path / "study")
+    flags = (f"--target_study={study}", "--target_optimizer=lamb", "--target_devices=1,2")
+    status, out, err = run_plan(*flags)
+    assert status == 0 and err == "", err
+    given = frozenset({"target_study", "target_optimizer", "target_devices"})
+    options = settings(target_study=study, target_optimizer="lamb", target_devices="1,2")
+    assert out == tta.report(options, report.duration, given) + "\n"
+    assert out.startswith("time to accuracy 0.8 of simple_cnn on digits: ")
+
+
 @pytest.mark.subprocess
-def test_the_console_script_prints_the_grid_and_bad_input_is_one_line_exit_1(tmp_path):
+def test_the_console_script_ends_bad_input_in_one_line_exit_1(tmp_path):
+    """The program's own processes: a study's error after Keras loads, and a
+    value absl refuses before it."""
     study = write_study(tmp_path / "study")
 
     def plan(*flags):
@@ -601,9 +615,6 @@ def test_the_console_script_prints_the_grid_and_bad_input_is_one_line_exit_1(tmp
             timeout=300,
         )
 
-    good = plan(f"--target_study={study}", "--target_optimizer=lamb", "--target_devices=1,2")
-    assert good.returncode == 0, good.stderr
-    assert good.stdout.startswith("time to accuracy 0.8 of simple_cnn on digits: ")
     bad = plan(f"--target_study={study}", "--target_optimizer=adam")
     assert bad.returncode == 1 and bad.stdout == ""
     assert bad.stderr.strip().splitlines()[-1] == (

@@ -17,11 +17,15 @@ from keras_lars.tools.settings import ConfigError
 
 
 def main(argv):
-    """report_text (and --layout_out's file and lines); with --records, the
-    records table only."""
+    """run_options on the parsed flags."""
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
-    options = settings.options_from_flags(PlanSettings)
+    run_options(settings.options_from_flags(PlanSettings), _given())
+
+
+def run_options(options, given=frozenset()):
+    """report_text (and --layout_out's file and lines); with --records, the
+    records table only. `given`: the flags on the command line."""
     _quiet.release()  # the flags are good: Keras, TensorFlow, JAX load now
     if options.records:
         from keras_lars.tools.plan.records_table import records_text
@@ -33,7 +37,7 @@ def main(argv):
     from keras_lars.tools.plan.time_to_accuracy import report as time_to_accuracy_report
 
     try:  # --target_study, --target_s_min or --target_noise_scale: time to accuracy instead
-        accuracy = time_to_accuracy_report(options, duration, _given())
+        accuracy = time_to_accuracy_report(options, duration, given)
     except ConfigError as error:
         sys.exit(f"error: {error}")
     if accuracy:
