@@ -306,10 +306,12 @@ _JAX_RUNS = "JAX tool processes on 8 simulated devices"
 _RESUMES = "the tool killed or signalled, rerun, and compared with an uninterrupted run"
 LONG_TESTS = {
     "test_train_jax.py::test_every_distribution_steps_as_one_device[data_parallel_8]": (
-        f"{_JAX_RUNS}: the `runs` fixture, seven runs of ResNet-18, each compiled (201 s)"
+        f"{_JAX_RUNS}: the `runs` fixture, five runs of ResNet-18, each compiled, and two of "
+        "the simple CNN, one on 2 processes (201 s before 2026-12-07: seven of ResNet-18)"
     ),
     "test_train_jax.py::test_a_sigterm_then_a_killed_process_and_the_reruns_end_as_the_"
-    "uninterrupted_run": f"{_JAX_RUNS}: three 2-process runs, {_RESUMES} (139 s)",
+    "uninterrupted_run": f"{_JAX_RUNS}: three 2-process runs of the simple CNN, {_RESUMES} "
+    "(139 s before 2026-12-07, of ResNet-18)",
     "test_plan_hlo.py::test_the_planned_bytes_are_the_compiled_steps_within_2_percent"
     "[alexnet:data_parallel:8:1:224:256]": "the `compiled` fixture: the tool's JAX step of "
     "AlexNet, ResNet-50 and ResNet-18 and the planned AlexNet layout compiled on 8 simulated "
