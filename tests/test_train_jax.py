@@ -78,6 +78,10 @@ RESUMED_STEPS, RESUMED_CHECKPOINTS = 20, 8
 RESUMED = ("--model=simple_cnn", *SHORT[:2], f"--train_steps={RESUMED_STEPS}")
 RESUMED += ("--warmup_epochs=0.25",)
 RESUMED += (f"--checkpoint_every_steps={RESUMED_CHECKPOINTS}", *SHORT[-2:], "--precision=float64")
+# --save_weights_at_steps on 2 processes: both gather the sharded weights, the
+# chief keeps the file (it hung when only the chief saved).
+SAVED_AT = 5
+RESUMED += (f"--save_weights_at_steps={SAVED_AT}",)
 # The simple CNN's arrays in a weights file: conv1, conv2, fc1, fc2 (kernel
 # and bias each: 8 variables), LARS's momentum of each, and its step count.
 SIMPLE_CNN_ARRAYS = 8 + 8 + 1
@@ -280,6 +284,7 @@ def test_every_distribution_steps_as_one_device(runs, setup):
     model_dir, status, output = runs[setup]
     assert status == 0, output[-3000:]
     weights = final_weights if simple else first_step_weights
+    dirs = (reference_dir, model_dir)
     expected, actual = weights(reference_dir), weights(model_dir)
     difference, arrays = largest_difference(expected, actual)
     assert arrays == SIMPLE_CNN_ARRAYS if simple else arrays > 100, arrays
@@ -292,6 +297,11 @@ def test_every_distribution_steps_as_one_device(runs, setup):
         summary = json.load(f)
     assert summary["config"]["backend"] == "jax"
     assert summary["steps"] == (RESUMED_STEPS if simple else 2)
+    if simple:  # the weights saved after step SAVED_AT, as one device's
+        saved = f"weights/step-{SAVED_AT:06d}.weights.h5"
+        assert os.listdir(os.path.join(model_dir, "weights")) == [os.path.basename(saved)]
+        difference, arrays = largest_difference(*(os.path.join(d, saved) for d in dirs))
+        assert (arrays, difference <= FLOAT64_BOUND) == (SIMPLE_CNN_ARRAYS, True), difference
 
 
 def test_two_steps_per_execution_equal_one(runs):

@@ -359,9 +359,10 @@ def make_callbacks(run, schedule, state):
     ]
     if config.stop_on_divergence:  # first: it raises before any checkpoint of the epoch
         found.insert(0, keras_lars.DivergenceGuard())
+    if config.save_weights_at_steps:  # after the counter, before a target's stop
+        strategy = run.runtime.strategy
+        saved = SavedWeights(counter, config.save_weights_at_steps, config.model_dir, strategy)
+        found.insert(found.index(counter) + 1, saved)
     if keras_lars.distribute.is_chief(run.runtime.strategy):  # only the chief writes logs
         found += run_callbacks.log_writers(config)
-        if config.save_weights_at_steps:  # after the counter, before a target's stop
-            saved = SavedWeights(counter, config.save_weights_at_steps, config.model_dir)
-            found.insert(found.index(counter) + 1, saved)
     return found
