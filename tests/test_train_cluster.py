@@ -11,6 +11,7 @@ import socket
 import subprocess
 import time
 
+import numpy as np
 import pytest
 import tensorflow as tf
 
@@ -22,6 +23,7 @@ from tests.processes import finish as processes_finish
 from tests.train_tool import ROOT
 from tests.train_tool import TIMEOUT
 from tests.train_tool import assert_same_weights
+from tests.train_tool import h5_arrays
 from tests.train_tool import tool_command
 
 
@@ -188,3 +190,71 @@ def test_a_sigterm_then_a_killed_worker_and_the_reruns_end_as_the_uninterrupted_
     name = "ckpt-0003.weights.h5"
     # every array: the CNN's 8 variables, their 8 momentum slots, the step count
     assert_same_weights(whole / "checkpoints" / name, stopped / "checkpoints" / name, 16)
+
+
+# --- --adaptive_batch on 2 workers -------------------------------------------------------
+@pytest.mark.multiworker
+def test_an_adaptive_batch_on_two_workers_decides_and_trains_as_one_device(tmp_path):
+    """Under MultiWorkerMirroredStrategy --adaptive_batch reads the noise scale
+    from the 2 replicas' halves of the batch; on one device from 2
+    micro-batches of it. The simple CNN on 128 digits, batch 64: epoch 1 has 2
+    updates, the decision after it takes the batch to its cap 128 (target 1e6
+    x B_simple) and the rate by the linear rule (x2); epoch 2 has 1 update.
+    Both make that decision and end with the same weights, to float32
+    rounding (measured 3.2e-7 apart, relative)."""
+    args = [
+        "--model=simple_cnn",
+        "--image_size=8",
+        "--train_examples=128",
+        "--train_epochs=2",
+        "--warmup_epochs=0",
+        "--global_batch_size=64",
+        "--adaptive_batch=linear",
+        "--adaptive_batch_max=128",
+        "--adaptive_batch_target=1e6",
+        "--noeval",
+        "--log_every_seconds=0",
+    ]
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", CUDA_VISIBLE_DEVICES="")
+    env.pop("TF_CONFIG", None)
+    one = subprocess.Popen(
+        tool_command(*args, "--gradient_accumulation_steps=2", f"--model_dir={tmp_path / 'one'}"),
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    workers = _start_cluster([*args, f"--model_dir={tmp_path / 'two'}"])
+    codes, errors = _finish([one, *workers])
+    assert codes == [0, 0, 0], errors
+    summaries = {
+        name: json.loads((tmp_path / name / "summary.json").read_text()) for name in ("one", "two")
+    }
+    decisions = {name: summary["adaptive_batch"] for name, summary in summaries.items()}
+    (mine,), (theirs,) = decisions["two"], decisions["one"]
+    assert {k: mine[k] for k in ("step", "epoch", "batch_size", "rate_factor", "measurements")} == {
+        "step": 2,
+        "epoch": 1,
+        "batch_size": 128,
+        "rate_factor": 2.0,
+        "measurements": 2,
+    }
+    for key in ("step", "epoch", "batch_size", "rate_factor", "measurements"):
+        assert mine[key] == theirs[key], key
+    assert mine["learning_rate"] == pytest.approx(theirs["learning_rate"], rel=1e-6)
+    # The workers' halves are other examples than the micro-batches' (the same
+    # global batch, split otherwise): the readings agree within their errors
+    # (measured 20.3 +- 9.7 and 22.1 +- 24).
+    gap = abs(mine["noise_scale"] - theirs["noise_scale"])
+    assert gap <= mine["standard_error"] + theirs["standard_error"]
+    assert [h["global_batch_size"] for h in summaries["two"]["history"]] == [64, 128]
+    assert summaries["two"]["layout"] == {"workers": 2, "replicas": 2}
+    expected, actual = (
+        h5_arrays(tmp_path / name / "checkpoints" / "ckpt-0002.weights.h5")
+        for name in ("one", "two")
+    )
+    model = [name for name in expected if not name.startswith("optimizer/")]
+    assert len(model) == 8
+    for name in model:
+        np.testing.assert_allclose(actual[name], expected[name], rtol=1e-5, atol=1e-6)
