@@ -138,6 +138,7 @@ def test_importing_any_tool_changes_no_environment_and_defines_no_flag():
         "keras_lars.tools.plan",
         "keras_lars.tools.benchmark_allreduce",
         "keras_lars.tools.benchmark_noise_scale",
+        "keras_lars.tools.benchmark_plan",
     ]
     script = (
         "import importlib, os, sys\n"

@@ -343,6 +343,16 @@ LONG_TESTS = {
     ),
     "test_distribute.py::test_killed_worker_restarts_from_backup_and_ends_like_uninterrupted_"
     "run": f"2 worker processes, {_RESUMES} (22 s)",
+    "test_train_runs.py::test_bad_input_is_one_line_naming_the_flag_or_file": (
+        "two console-script processes refused beside the `finished_run` fixture's run (22 s)"
+    ),
+    "test_train_loop.py::test_divergence_rollback_lowers_the_rate_and_a_resume_keeps_it": (
+        "the tool's main trains the simple CNN on every digit until it diverges, rolls back "
+        "and resumes (28 s)"
+    ),
+    "test_train_loop.py::test_a_failed_checkpoint_write_is_one_line_and_leaves_no_file": (
+        "a tool process under a file-size limit (23 s)"
+    ),
     "test_train_runs.py::test_each_model_family_trains_on_generated_tfrecords": (
         "every model family through the tool's main on records, ResNet-18 to its accuracy "
         "(64 s when each ran in its own process)"
@@ -402,6 +412,14 @@ LONG_TESTS = {
     ),
     "test_train_runs.py::test_default_run_writes_checkpoints_logs_and_summary": (
         "the quick start's job cut to 2 epochs, in a process (27 s; 17 s)"
+    ),
+    "test_batch_schedule_tool.py::test_a_phased_run_feeds_each_batch_and_size_and_follows_the_"
+    "closed_form": "a phased run through the tool, each phase traced anew (49 s; 14 s)",
+    "test_bad_input.py::test_a_non_finite_gradient_entry_stays_in_its_place_as_in_float32"
+    "[float16]": "a float16 run through the tool, slow to trace on TensorFlow 2.17 (33 s; "
+    "under 5 s)",
+    "test_signals.py::test_sighup_checkpoints_and_exits_75_like_sigterm": (
+        "a tool process signalled (29 s; 10 s)"
     ),
 }
 
