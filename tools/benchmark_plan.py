@@ -28,7 +28,7 @@ seeds); the measured ones are this run's.
     python -m keras_lars.tools.benchmark_plan [--study=docs/batch_study/fashion_mnist_steps
         --optimizer=lars --calibration_batch=256 --batches=64,1024]
 
-Defaults fit a 2-core CPU in about 15 minutes.
+Defaults take about 5 minutes on a quiet 2-core CPU.
 """
 
 import contextlib
