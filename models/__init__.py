@@ -1,6 +1,7 @@
 """Reference model definitions for large-batch training.
 
-ResNet-18/34/50/101/152 (v1.5 by default, v1 as an option), single-tower
+ResNet-18/34/50/101/152 (v1.5 by default, v1 as an option), He et al.'s
+CIFAR ResNet-20/32/44/56/110, single-tower
 AlexNet and AlexNet-BN, and Shallue et al.'s simple CNN, as functional
 `keras.Model`s that output logits.
 Installed as `keras_lars.models` (the repository keeps them in models/).
@@ -24,6 +25,11 @@ NAMES = (
     "resnet50",
     "resnet101",
     "resnet152",
+    "resnet20",
+    "resnet32",
+    "resnet44",
+    "resnet56",
+    "resnet110",
     "alexnet",
     "alexnet_bn",
     "simple_cnn",
@@ -33,7 +39,10 @@ NAMES = (
 # (no `sync_batch_norm` argument), and the ones that pool globally, so that
 # one model takes every image size (the others flatten a map of one size).
 WITHOUT_BATCH_NORM = frozenset({"alexnet", "simple_cnn"})
-GLOBAL_POOLING = frozenset({"resnet18", "resnet34", "resnet50", "resnet101", "resnet152"})
+GLOBAL_POOLING = frozenset(
+    {"resnet18", "resnet34", "resnet50", "resnet101", "resnet152"}
+    | {"resnet20", "resnet32", "resnet44", "resnet56", "resnet110"}
+)
 
 
 def has_batch_norm(name):
@@ -66,6 +75,12 @@ if not _quiet.holding():
     from keras_lars.models.resnet import resnet50
     from keras_lars.models.resnet import resnet101
     from keras_lars.models.resnet import resnet152
+    from keras_lars.models.resnet_cifar import resnet20
+    from keras_lars.models.resnet_cifar import resnet32
+    from keras_lars.models.resnet_cifar import resnet44
+    from keras_lars.models.resnet_cifar import resnet56
+    from keras_lars.models.resnet_cifar import resnet110
+    from keras_lars.models.resnet_cifar import resnet_cifar
     from keras_lars.models.simple_cnn import simple_cnn
 
     BUILDERS = {name: globals()[name] for name in NAMES}
@@ -84,6 +99,12 @@ __all__ = [
     "resnet50",
     "resnet101",
     "resnet152",
+    "resnet_cifar",
+    "resnet20",
+    "resnet32",
+    "resnet44",
+    "resnet56",
+    "resnet110",
     "simple_cnn",
     "has_batch_norm",
     "takes_any_image_size",

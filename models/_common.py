@@ -1,4 +1,4 @@
-"""Pieces the reference models share: argument checks, batch norm, classifier."""
+"""Pieces the reference models share: argument checks, convolution, batch norm, classifier."""
 
 import numbers
 
@@ -45,6 +45,24 @@ def check_common(num_classes, input_shape, float32_logits, name, **flags):
     if not isinstance(name, str) or not name:
         raise ValueError(f"`name` must be a non-empty string, received {name!r}.")
     return tuple(int(d) for d in shape)
+
+
+def conv(x, filters, kernel_size, strides, name):
+    """Convolution without bias; strided ones use symmetric fixed padding."""
+    if strides > 1 and kernel_size > 1:
+        x = keras.layers.ZeroPadding2D((kernel_size - 1) // 2, name=name + "_pad")(x)
+        padding = "valid"
+    else:
+        padding = "same"
+    return keras.layers.Conv2D(
+        filters,
+        kernel_size,
+        strides=strides,
+        padding=padding,
+        use_bias=False,
+        kernel_initializer="he_normal",
+        name=name,
+    )(x)
 
 
 def batch_norm(name, sync_batch_norm=False, zero_gamma=False):

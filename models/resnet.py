@@ -44,6 +44,7 @@ from keras_lars.models._common import batch_norm
 from keras_lars.models._common import check_bool
 from keras_lars.models._common import check_common
 from keras_lars.models._common import classifier
+from keras_lars.models._common import conv
 
 # depth: (block kind, blocks per stage)
 DEPTHS = {
@@ -58,24 +59,6 @@ STAGE_WIDTHS = (64, 128, 256, 512)
 STAGE_STRIDES = (1, 2, 2, 2)
 
 
-def _conv(x, filters, kernel_size, strides, name):
-    """Convolution without bias; strided ones use symmetric fixed padding."""
-    if strides > 1 and kernel_size > 1:
-        x = keras.layers.ZeroPadding2D((kernel_size - 1) // 2, name=name + "_pad")(x)
-        padding = "valid"
-    else:
-        padding = "same"
-    return keras.layers.Conv2D(
-        filters,
-        kernel_size,
-        strides=strides,
-        padding=padding,
-        use_bias=False,
-        kernel_initializer="he_normal",
-        name=name,
-    )(x)
-
-
 def _block(x, kind, width, strides, version, zero_gamma, sync, name):
     """One residual block; the last batch norm is `{name}_bn{2|3}`."""
     if kind == "basic":
@@ -88,12 +71,12 @@ def _block(x, kind, width, strides, version, zero_gamma, sync, name):
 
     shortcut = x
     if strides != 1 or x.shape[-1] != out_channels:
-        shortcut = _conv(x, out_channels, 1, strides, name + "_shortcut_conv")
+        shortcut = conv(x, out_channels, 1, strides, name + "_shortcut_conv")
         shortcut = batch_norm(name + "_shortcut_bn", sync)(shortcut)
 
     for i, (filters, kernel_size, conv_strides) in enumerate(specs, start=1):
         last = i == len(specs)
-        x = _conv(x, filters, kernel_size, conv_strides, f"{name}_conv{i}")
+        x = conv(x, filters, kernel_size, conv_strides, f"{name}_conv{i}")
         x = batch_norm(f"{name}_bn{i}", sync, zero_gamma=zero_gamma and last)(x)
         if not last:
             x = keras.layers.ReLU(name=f"{name}_relu{i}")(x)
@@ -152,7 +135,7 @@ def resnet(
     kind, blocks = DEPTHS[depth]
 
     inputs = keras.Input(shape=input_shape, name="images")
-    x = _conv(inputs, 64, 7, 2, "conv1")
+    x = conv(inputs, 64, 7, 2, "conv1")
     x = batch_norm("bn1", sync_batch_norm)(x)
     x = keras.layers.ReLU(name="relu1")(x)
     x = keras.layers.ZeroPadding2D(1, name="pool1_pad")(x)

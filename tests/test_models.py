@@ -129,6 +129,8 @@ def test_alexnet_feature_maps_at_224(builder, full_size):
         ("resnet18", 32),
         ("resnet50", 32),
         ("resnet18", 8),
+        ("resnet20", 8),
+        ("resnet20", 7),
         ("alexnet", 32),
         ("alexnet_bn", 32),
         ("alexnet_bn", 64),
@@ -142,7 +144,7 @@ def test_small_inputs(builder, size):
         assert logits.shape == (2, 10) and np.all(np.isfinite(logits))
 
 
-@pytest.mark.parametrize("builder", ["resnet18", "alexnet", "alexnet_bn"])
+@pytest.mark.parametrize("builder", ["resnet18", "resnet20", "alexnet", "alexnet_bn"])
 def test_lars_default_exclusions_follow_variable_rank(builder, small):
     model = small(builder)
     optimizer = keras_lars.LARS(learning_rate=1.0, weight_decay=1e-4)
@@ -204,7 +206,7 @@ def test_lars_steps_lower_the_loss():
         assert losses[-1] < 0.5 * losses[0], (builder.__name__, losses)
 
 
-@pytest.mark.parametrize("builder", ["resnet18", "alexnet_bn"])
+@pytest.mark.parametrize("builder", ["resnet18", "resnet20", "alexnet_bn"])
 def test_keras_file_round_trip(builder, tmp_path):
     keras.utils.set_random_seed(2)
     model = getattr(models, builder)(num_classes=10, input_shape=SMALL)
@@ -298,7 +300,7 @@ def test_v1_and_v1_5_differ_only_in_stride_position(small):
     assert strides(basic) == strides(basic_v1)
 
 
-@pytest.mark.parametrize("builder", ["resnet18", "alexnet_bn"])
+@pytest.mark.parametrize("builder", ["resnet18", "resnet20", "alexnet_bn"])
 def test_sync_batch_norm(builder):
     model = getattr(models, builder)(num_classes=10, input_shape=SMALL, sync_batch_norm=True)
     norms = [layer for layer in model.layers if isinstance(layer, keras.layers.BatchNormalization)]
@@ -325,6 +327,11 @@ def test_sync_batch_norm(builder):
         (lambda: models.resnet50(float32_logits="yes"), "float32_logits"),
         (lambda: models.alexnet_bn(sync_batch_norm=None), "sync_batch_norm"),
         (lambda: models.resnet50(name=""), "name"),
+        (lambda: models.resnet_cifar(21), "depth"),
+        (lambda: models.resnet_cifar(2), "depth"),
+        (lambda: models.resnet_cifar(20.0), "depth"),
+        (lambda: models.resnet20(num_classes=0), "num_classes"),
+        (lambda: models.resnet20(sync_batch_norm=1), "sync_batch_norm"),
         (lambda: models.simple_cnn(num_classes=0), "num_classes"),
         (lambda: models.simple_cnn(input_shape=(3, 28, 1)), "input_shape"),
         (lambda: models.simple_cnn(filters=(32,)), "filters"),
@@ -337,6 +344,52 @@ def test_sync_batch_norm(builder):
 def test_bad_arguments_raise_value_error(build, argument):
     with pytest.raises(ValueError, match=f"`{argument}`"):
         build()
+
+
+# He et al. 2016, table 6: the CIFAR ResNets' parameters, in millions.
+CIFAR_PUBLISHED = {20: 0.27, 32: 0.46, 44: 0.66, 56: 0.85, 110: 1.7}
+
+
+@pytest.mark.parametrize("depth", sorted(CIFAR_PUBLISHED))
+def test_cifar_resnet_parameter_count_by_hand(depth):
+    """Sec. 4.2's network summed by hand: 3x3 convolutions (no bias) of 16,
+    32 and 64 filters, n = (depth - 2) / 6 blocks a stage, a batch norm
+    (gamma, beta) after each, parameter-free shortcuts, a 10-way dense."""
+    n = (depth - 2) // 6
+    convs = [(3, 16)] + [(16, 16)] * 2 * n + [(16, 32)] + [(32, 32)] * (2 * n - 1)
+    convs += [(32, 64)] + [(64, 64)] * (2 * n - 1)
+    expected = sum(9 * c_in * c_out + 2 * c_out for c_in, c_out in convs) + 64 * 10 + 10
+    model = getattr(models, f"resnet{depth}")()
+    assert trainable_count(model) == expected
+    assert round(expected / 1e6, 2 if depth < 100 else 1) == CIFAR_PUBLISHED[depth]
+    assert (model.name, model.input_shape, model.output_shape) == (
+        f"resnet{depth}",
+        (None, 32, 32, 3),
+        (None, 10),
+    )
+    if depth == 20:
+        assert expected == 269_722
+        for layer, size in {"relu1": 32, "stage1_block3_out": 32, "stage2_block1_out": 16}.items():
+            assert model.get_layer(layer).output.shape[1:] == (size, size, 16 * 32 // size)
+        assert model.get_layer("stage3_block3_out").output.shape[1:] == (8, 8, 64)
+        norms = [x for x in model.layers if isinstance(x, keras.layers.BatchNormalization)]
+        assert len(norms) == 19 and all(
+            (norm.momentum, norm.epsilon) == (0.9, 1e-5) for norm in norms
+        )
+
+
+def test_cifar_resnet_shortcut_is_option_a():
+    """Option A: the identity within a stage; where a stage starts,
+    x[:, ::2, ::2, :] with zero channels appended (numpy), no parameters."""
+    model = models.resnet20(input_shape=(7, 7, 3))
+    shortcuts = [layer for layer in model.layers if "shortcut" in layer.name]
+    assert [layer.name for layer in shortcuts] == [f"stage{s}_block1_shortcut" for s in (2, 3)]
+    assert not any(layer.weights for layer in shortcuts)
+    x = np.random.default_rng(6).normal(size=(2, 7, 7, 16)).astype("float32")
+    expected = np.concatenate([x[:, ::2, ::2, :], np.zeros((2, 4, 4, 16), "float32")], axis=-1)
+    np.testing.assert_array_equal(np.asarray(shortcuts[0](x)), expected)
+    # 7 -> 4 -> 2: the strided convolution's map is the shortcut's.
+    assert model.get_layer("stage3_block1_add").output.shape[1:] == (2, 2, 64)
 
 
 def test_simple_cnn_parameter_count_by_hand():

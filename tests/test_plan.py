@@ -359,7 +359,8 @@ def test_the_table_leaves_out_batches_the_devices_do_not_divide():
         (
             "--model=resnet9000",
             "error: flag --model=resnet9000: value should be one of <resnet18|resnet34|resnet50|"
-            "resnet101|resnet152|alexnet|alexnet_bn|simple_cnn|custom>.",
+            "resnet101|resnet152|resnet20|resnet32|resnet44|resnet56|resnet110|alexnet|alexnet_bn|"
+            "simple_cnn|custom>.",
         ),
         ("--device=V200", "error: flag --device=V200: value should be one of <"),
         ("--devices=many", "error: flag --devices=many: invalid literal for int() with base 10"),
