@@ -6,16 +6,23 @@ checkpoint before it."""
 import json
 import os
 import shutil
+import signal
+import subprocess
 
 import numpy as np
 import pytest
 
 import keras_lars
+from keras_lars.tools import checkpoints
 from keras_lars.tools import train
+from keras_lars.tools.train import loop as train_loop
 from keras_lars.tools.train import runtime as train_runtime
 from tests import train_data
+from tests.processes import finish
+from tests.train_tool import TIMEOUT
 from tests.train_tool import h5_arrays
 from tests.train_tool import parse
+from tests.train_tool import start_tool
 
 ADAPTIVE = ("--adaptive_batch=adascale", "--gradient_accumulation_steps=2")
 
@@ -204,6 +211,104 @@ def test_a_decision_changes_the_batch_and_a_rerun_from_its_checkpoint_decides_al
     _assert_same_weights(*(d / "checkpoints" / "ckpt-0002.weights.h5" for d in (run, rerun)))
     assert json.loads((rerun / "summary.json").read_text())["adaptive_batch"] == [decision]
     np.testing.assert_equal(again["phases"], summary["phases"])
+
+
+# --- killed around its changes: the rerun makes the same decisions and weights ---------
+# 256 digits, batch 64 in 2 micro-batches: epoch 1 has 4 updates, the decision
+# after it takes the batch to 128 (2 updates an epoch), the one after epoch 2
+# keeps it and sets a new rate (AdaScale's gain of the new B_simple); a
+# checkpoint after every update. The simple CNN at 8x8.
+AROUND = dict(
+    model="simple_cnn",
+    train_examples=256,
+    train_epochs=3,
+    global_batch_size=64,
+    gradient_accumulation_steps=2,
+    adaptive_batch="adascale",
+    adaptive_batch_max=128,
+    adaptive_batch_target=1e6,
+    checkpoint_every_steps=1,
+)
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory):
+    """AROUND's run, uninterrupted: (model dir, summary)."""
+    run = tmp_path_factory.mktemp("adaptive") / "whole"
+    _, summary = train_data.short_run(run, **AROUND)
+    assert [d["batch_size"] for d in summary["adaptive_batch"]] == [128, 128]
+    assert [p["global_batch_size"] for p in summary["phases"]] == [64, 128, 128]
+    return run, summary
+
+
+def test_killed_at_a_decision_and_stopped_by_sigterm_at_the_next_it_resumes_alike(
+    uninterrupted, tmp_path, monkeypatch, capsys
+):
+    """SIGKILL to the tool's process as it prints its first decision (its
+    checkpoint half written, or not yet), then, in this process, SIGTERM
+    while the rerun rebuilds the model at its next decided batch (the
+    preemption path: a checkpoint, Preempted), then a rerun to the end: the
+    decisions, the evaluations and the final weights are the uninterrupted
+    run's."""
+    run = tmp_path / "run"
+    flags = [f"--{k}={v}" for k, v in {**train_data.SHORT_RUN, **AROUND}.items()]
+    with open(tmp_path / "stderr.txt", "w") as errors:
+        victim = start_tool(
+            [*flags, f"--model_dir={run}"], stdout=subprocess.PIPE, stderr=errors, text=True
+        )
+    try:
+        for line in victim.stdout:  # the event: the first decision's line
+            if line.startswith("adaptive batch: after epoch 1 (step 4)"):
+                victim.send_signal(signal.SIGKILL)
+                break
+    finally:
+        ((returncode, _, _),) = finish([victim], TIMEOUT)
+    assert returncode == -signal.SIGKILL, (tmp_path / "stderr.txt").read_text()[-3000:]
+    assert not (run / "summary.json").exists()
+    assert checkpoints.saved(str(run / "checkpoints"))  # a step of epoch 1 at least
+
+    # The rerun decides (again, or from the epoch's checkpoint) and stops to
+    # rebuild at the new batch: SIGTERM then.
+    restores, restore = [], train_loop._restore
+
+    def signalled_at_the_rebuild(*args):
+        handler = signal.getsignal(signal.SIGTERM)
+        restores.append(handler)
+        if len(restores) == 2 and isinstance(getattr(handler, "__self__", None), train.Preemption):
+            signal.raise_signal(signal.SIGTERM)
+        return restore(*args)
+
+    monkeypatch.setattr(train_loop, "_restore", signalled_at_the_rebuild)
+    with pytest.raises(train.Preempted) as stopped:
+        train_data.short_run(run, **AROUND)
+    assert len(restores) == 2
+    epoch, step = checkpoints.saved(str(run / "checkpoints"))[-1]
+    assert (epoch, step) in ((1, 0), (2, 0))  # the decision's epoch checkpoint
+    assert str(stopped.value) == (
+        f"stopped by SIGTERM before training resumed from "
+        f"{checkpoints.stem(str(run / 'checkpoints'), epoch)}; run the same command to resume"
+    )
+    assert "SIGTERM received: saving a checkpoint" in capsys.readouterr().err
+    monkeypatch.setattr(train_loop, "_restore", restore)
+
+    _, summary = train_data.short_run(run, **AROUND)
+    whole, expected = uninterrupted
+    _assert_same_decisions(summary["adaptive_batch"], expected["adaptive_batch"])
+    # (A resumed epoch's training metrics are those of its rest.)
+    keys = ("val_loss", "val_accuracy", "learning_rate", "steps", "global_batch_size")
+    for a, e in zip(summary["history"], expected["history"], strict=True):
+        assert {k: a[k] for k in keys} == {k: e[k] for k in keys}
+    np.testing.assert_equal(summary["phases"], expected["phases"])
+    _assert_same_weights(*(d / "checkpoints" / "ckpt-0003.weights.h5" for d in (whole, run)))
+
+
+def _assert_same_decisions(actual, expected):
+    """Alike, their readings within 1e-4 (`_assert_same_weights` says why)."""
+    assert len(actual) == len(expected)
+    for a, e in zip(actual, expected):
+        assert a.keys() == e.keys()
+        for key, value in e.items():
+            assert a[key] == (pytest.approx(value, rel=1e-4) if isinstance(value, float) else value)
 
 
 def _assert_same_weights(expected_path, actual_path):

@@ -161,36 +161,40 @@ def _train_with_rollbacks(run):
     (--divergence_rollbacks times at most) or raises Diverged. Returns the
     state (its history, evaluations and target)."""
     config, rollback = run.config, None  # after a divergence: {"rate_factor", "rollbacks"}
-    while True:
-        model, schedule, state = _restore(run, rollback)
-        try:
-            _fit(run, model, schedule, state)
-            if run.adaptive and run.adaptive.changed:  # on from its checkpoint, at its batch
-                rollback = None
+    # Handled across the rebuilds too (after a rollback, at a decided batch):
+    # a signal there stops at the next fit's start. One process of a cluster
+    # cannot stop alone: there the runtime's cluster preemption takes SIGTERM.
+    with run.preemption.handling(enabled=run.runtime.single_process):
+        while True:
+            model, schedule, state = _restore(run, rollback)
+            try:
+                _fit(run, model, schedule, state)
+                if run.adaptive and run.adaptive.changed:  # on from its checkpoint, at its batch
+                    rollback = None
+                    keras.backend.clear_session()
+                    keras.utils.set_random_seed(config.seed)
+                    continue
+                return state
+            except target.TargetDecided:
+                return state
+            except keras_lars.NonFiniteLossError as error:
+                last = model_dir.last_checkpoint(config.model_dir)
+                last = last and f"{last[0]} ({last[1]})"  # path (epoch e[, step s of the next])
+                used = state.get("rollbacks", 0)
+                if used >= config.divergence_rollbacks:
+                    described = last or "none (no checkpoint yet)"
+                    raise Diverged(f"{error}; last good checkpoint: {described}", state) from None
+                factor = state.get("rate_factor", 1.0) * config.divergence_rate_factor
+                rollback = {"rate_factor": factor, "rollbacks": used + 1}
+                print(
+                    f"warning: {error}; rolling back to {last or 'the start'} with "
+                    f"the peak learning rate x{factor:g} (rollback {used + 1} of "
+                    f"{config.divergence_rollbacks})",
+                    file=sys.stderr,
+                    flush=True,
+                )
                 keras.backend.clear_session()
                 keras.utils.set_random_seed(config.seed)
-                continue
-            return state
-        except target.TargetDecided:
-            return state
-        except keras_lars.NonFiniteLossError as error:
-            last = model_dir.last_checkpoint(config.model_dir)
-            last = last and f"{last[0]} ({last[1]})"  # path (epoch e[, step s of the next])
-            used = state.get("rollbacks", 0)
-            if used >= config.divergence_rollbacks:
-                described = last or "none (no checkpoint yet)"
-                raise Diverged(f"{error}; last good checkpoint: {described}", state) from None
-            factor = state.get("rate_factor", 1.0) * config.divergence_rate_factor
-            rollback = {"rate_factor": factor, "rollbacks": used + 1}
-            print(
-                f"warning: {error}; rolling back to {last or 'the start'} with "
-                f"the peak learning rate x{factor:g} (rollback {used + 1} of "
-                f"{config.divergence_rollbacks})",
-                file=sys.stderr,
-                flush=True,
-            )
-            keras.backend.clear_session()
-            keras.utils.set_random_seed(config.seed)
 
 
 def _restore(run, rollback):
@@ -272,25 +276,22 @@ def _fit(run, model, schedule, state):
             verbose=0,
         )
 
-    # One process of a cluster cannot stop alone: there the runtime's
-    # cluster preemption (Checkpointing) takes SIGTERM.
     try:
-        with run.preemption.handling(enabled=run.runtime.single_process):
-            if run.preemption.signal:  # received before (by a caller's handler: the study's)
-                last = model_dir.last_checkpoint(config.model_dir)
-                resumed = f"resumed from {last[0]}" if last else "started"
-                raise Preempted(
-                    f"stopped by {run.preemption.signal} before training {resumed}; "
-                    "run the same command to resume"
-                )
-            if length.phases:
-                _fit_phases(run, model, fit, evaluation, start, skip)
-                return
-            if skip:  # the rest of the epoch a checkpoint was taken inside
-                fit(start, start + 1, length.steps_in(start) - skip, skip)
-                start += 1
-            if start < length.epochs:
-                fit(start, length.epochs, length.steps_per_epoch)
+        if run.preemption.signal:  # received before (a rebuild's, or a caller's: the study's)
+            last = model_dir.last_checkpoint(config.model_dir)
+            resumed = f"resumed from {last[0]}" if last else "started"
+            raise Preempted(
+                f"stopped by {run.preemption.signal} before training {resumed}; "
+                "run the same command to resume"
+            )
+        if length.phases:
+            _fit_phases(run, model, fit, evaluation, start, skip)
+            return
+        if skip:  # the rest of the epoch a checkpoint was taken inside
+            fit(start, start + 1, length.steps_in(start) - skip, skip)
+            start += 1
+        if start < length.epochs:
+            fit(start, length.epochs, length.steps_per_epoch)
     except Exception as error:
         if feed.read_failed(error):
             feed.explain_data_error(run.data, config, error)
