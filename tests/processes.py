@@ -28,14 +28,14 @@ def finish(processes, timeout):
     return [(p.returncode, out, err) for p, (out, err) in zip(processes, outputs)]
 
 
-def json_report_on_jax(module):
-    """The last line of `python -m module`'s output, read as JSON, run on
+def json_report_on_jax(module, *args):
+    """The last line of `python -m module args`'s output, read as JSON, run on
     Keras's JAX backend (the CPU) in a fresh process; fails the test with its
     stderr's end unless it exits 0."""
     env = dict(os.environ, KERAS_BACKEND="jax", JAX_PLATFORMS="cpu", PYTHONPATH=ROOT)
     env.pop("XLA_FLAGS", None)
     result = subprocess.run(
-        [sys.executable, "-m", module],
+        [sys.executable, "-m", module, *args],
         cwd=ROOT,
         env=env,
         capture_output=True,

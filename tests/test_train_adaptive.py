@@ -1,14 +1,21 @@
 """The training tool's --adaptive_batch (tools/train/adaptive.py): bad flags
 refused in one line before training, and a run whose decision changes the
 batch, recorded in summary.json and made again alike by a rerun from the
-checkpoint before it."""
+checkpoint before it; a real process killed at its decision, a SIGTERM as the
+rerun rebuilds at the new batch, and the reruns' end equal to an uninterrupted
+run's; on JAX (a child process) the same decisions by the same rule and resume.
+
+`python -m tests.test_train_adaptive DIR` runs the JAX part (`_on_jax`)."""
 
 import json
 import os
+import pathlib
 import shutil
 import signal
 import subprocess
+import sys
 
+import keras
 import numpy as np
 import pytest
 
@@ -17,8 +24,11 @@ from keras_lars.tools import checkpoints
 from keras_lars.tools import train
 from keras_lars.tools.train import loop as train_loop
 from keras_lars.tools.train import runtime as train_runtime
+from keras_lars.tools.train.preemption import Preempted
+from keras_lars.tools.train.preemption import Preemption
 from tests import train_data
 from tests.processes import finish
+from tests.processes import json_report_on_jax
 from tests.train_tool import TIMEOUT
 from tests.train_tool import h5_arrays
 from tests.train_tool import parse
@@ -73,8 +83,19 @@ ADAPTIVE = ("--adaptive_batch=adascale", "--gradient_accumulation_steps=2")
             "--train_epochs.",
         ),
         (
-            (*ADAPTIVE, "--adaptive_batch_max=512", "--backend=jax"),
-            "--adaptive_batch=adascale: runs on --backend=tensorflow, not jax.",
+            ("--adaptive_batch=adascale", "--adaptive_batch_max=512", "--backend=jax"),
+            "--adaptive_batch=adascale: measures the noise scale from two gradient sizes: give "
+            "--gradient_accumulation_steps >= 2 on --backend=jax.",
+        ),
+        (
+            (
+                *ADAPTIVE,
+                "--adaptive_batch_max=256",
+                "--backend=jax",
+                "--distribution=data_parallel",
+            ),
+            "--adaptive_batch=adascale: measures the noise scale on one device on --backend=jax: "
+            "leave --distribution at none.",
         ),
         (
             (*ADAPTIVE, "--adaptive_batch_max=512", "--adaptive_batch_every_epochs=0"),
@@ -241,13 +262,15 @@ def uninterrupted(tmp_path_factory):
     return run, summary
 
 
-def test_killed_at_a_decision_and_stopped_by_sigterm_at_the_next_it_resumes_alike(
-    uninterrupted, tmp_path, monkeypatch, capsys
+def test_killed_at_a_decision_and_stopped_by_sigterm_at_its_rebuild_it_resumes_alike(
+    uninterrupted, tmp_path, capsys
 ):
-    """SIGKILL to the tool's process as it prints its first decision (its
-    checkpoint half written, or not yet), then, in this process, SIGTERM
-    while the rerun rebuilds the model at its next decided batch (the
-    preemption path: a checkpoint, Preempted), then a rerun to the end: the
+    """SIGKILL to the tool's process as it prints its first decision; its
+    epoch checkpoint removed if it was written (a kill a moment sooner): the
+    rerun goes on from the step before, decides again from the restored
+    sums, and gets SIGTERM (in this process) while it rebuilds the model at
+    the new batch: the preemption path, a checkpoint and Preempted. A last
+    rerun goes on from that checkpoint and its decision to the end: the
     decisions, the evaluations and the final weights are the uninterrupted
     run's."""
     run = tmp_path / "run"
@@ -265,32 +288,15 @@ def test_killed_at_a_decision_and_stopped_by_sigterm_at_the_next_it_resumes_alik
         ((returncode, _, _),) = finish([victim], TIMEOUT)
     assert returncode == -signal.SIGKILL, (tmp_path / "stderr.txt").read_text()[-3000:]
     assert not (run / "summary.json").exists()
-    assert checkpoints.saved(str(run / "checkpoints"))  # a step of epoch 1 at least
+    assert (0, 3) in _killed_before_the_epochs_checkpoint(run)
 
-    # The rerun decides (again, or from the epoch's checkpoint) and stops to
-    # rebuild at the new batch: SIGTERM then.
-    restores, restore = [], train_loop._restore
-
-    def signalled_at_the_rebuild(*args):
-        handler = signal.getsignal(signal.SIGTERM)
-        restores.append(handler)
-        if len(restores) == 2 and isinstance(getattr(handler, "__self__", None), train.Preemption):
-            signal.raise_signal(signal.SIGTERM)
-        return restore(*args)
-
-    monkeypatch.setattr(train_loop, "_restore", signalled_at_the_rebuild)
-    with pytest.raises(train.Preempted) as stopped:
-        train_data.short_run(run, **AROUND)
-    assert len(restores) == 2
-    epoch, step = checkpoints.saved(str(run / "checkpoints"))[-1]
-    assert (epoch, step) in ((1, 0), (2, 0))  # the decision's epoch checkpoint
-    assert str(stopped.value) == (
-        f"stopped by SIGTERM before training resumed from "
-        f"{checkpoints.stem(str(run / 'checkpoints'), epoch)}; run the same command to resume"
+    stopped = _stopped_at_the_rebuild(run, AROUND)
+    assert str(stopped) == (
+        f"stopped by SIGTERM before training resumed from {run / 'checkpoints' / 'ckpt-0001'}; "
+        "run the same command to resume"
     )
-    assert "SIGTERM received: saving a checkpoint" in capsys.readouterr().err
-    monkeypatch.setattr(train_loop, "_restore", restore)
-
+    err = capsys.readouterr().err
+    assert "SIGTERM received: saving a checkpoint" in err and "Traceback" not in err
     _, summary = train_data.short_run(run, **AROUND)
     whole, expected = uninterrupted
     _assert_same_decisions(summary["adaptive_batch"], expected["adaptive_batch"])
@@ -300,6 +306,94 @@ def test_killed_at_a_decision_and_stopped_by_sigterm_at_the_next_it_resumes_alik
         assert {k: a[k] for k in keys} == {k: e[k] for k in keys}
     np.testing.assert_equal(summary["phases"], expected["phases"])
     _assert_same_weights(*(d / "checkpoints" / "ckpt-0003.weights.h5" for d in (whole, run)))
+
+
+def _killed_before_the_epochs_checkpoint(run):
+    """Removes epoch 1's checkpoint of `run` (if any); returns what is left."""
+    for path in (run / "checkpoints").glob("ckpt-0001.*"):
+        path.unlink()
+    return checkpoints.saved(str(run / "checkpoints"))
+
+
+def _stopped_at_the_rebuild(run, settings):
+    """Reruns `run` and raises SIGTERM in this process as the loop rebuilds
+    the model after a decision (its second restore); returns the Preempted
+    that the run ended with (only if the run's handler held the signal)."""
+    restore, handlers = train_loop._restore, []
+
+    def signalled(*args):
+        handlers.append(signal.getsignal(signal.SIGTERM))
+        if len(handlers) == 2 and isinstance(getattr(handlers[-1], "__self__", None), Preemption):
+            signal.raise_signal(signal.SIGTERM)
+        return restore(*args)
+
+    train_loop._restore = signalled
+    try:
+        train_data.short_run(run, **settings)
+    except Preempted as stopped:
+        return stopped
+    finally:
+        train_loop._restore = restore
+    raise AssertionError(f"not preempted; SIGTERM's handlers at the restores: {handlers}")
+
+
+# --- on JAX: the same decisions by the same rule, and the same resume -----------------
+# AROUND's first decision, on one JAX device (its micro-batches measure),
+# without evaluations (fewer steps to compile).
+ON_JAX = dict(AROUND, backend="jax", train_epochs=2, eval=False)
+
+
+def test_on_jax_it_decides_by_the_rule_and_a_stopped_run_resumes_alike(uninterrupted, tmp_path):
+    """`_on_jax` in a JAX process. Keras draws other initial weights there,
+    so its B_simple is its own: the decision is TensorFlow's (step, epoch,
+    measurements, batch) with AdaScale's gain of that B_simple."""
+    report = json_report_on_jax("tests.test_train_adaptive", str(tmp_path))
+    assert report["backend"] == "jax"
+    whole, run = tmp_path / "whole", tmp_path / "run"
+    assert report["stopped"] == (
+        f"stopped by SIGTERM before training resumed from {run / 'checkpoints' / 'ckpt-0001'}; "
+        "run the same command to resume"
+    )
+    assert report["left"][-1] == [0, 3]  # the rerun went on from step 3 of epoch 1
+    summary, again = (json.loads((d / "summary.json").read_text()) for d in (whole, run))
+    (decision,) = summary["adaptive_batch"]
+    on_tensorflow = uninterrupted[1]["adaptive_batch"][0]
+    scale = decision["noise_scale"]
+    gain = (1 + scale / 64) / (1 + scale / 128)
+    config = train.Config(**{**train_data.SHORT_RUN, **ON_JAX})
+    peak, end = config.peak_learning_rate, config.end_learning_rate
+    assert scale > 0 and decision["standard_error"] > 0
+    assert decision == dict(
+        on_tensorflow,
+        noise_scale=scale,
+        standard_error=decision["standard_error"],
+        rate_factor=pytest.approx(gain, rel=1e-12),
+        # The rate of step 4 (1 of 2 epochs, no warmup): end + (peak - end) (1 - 1/2)^2.
+        learning_rate=pytest.approx(gain * (end + (peak - end) * 0.25), rel=1e-6),
+    )
+    assert [h["global_batch_size"] for h in summary["history"]] == [64, 128]
+    logged = _tensorboard_scalars(whole / "logs" / "train")
+    assert logged["epoch_adaptive_noise_scale"] == [(0, pytest.approx(scale, rel=1e-6))]
+    _assert_same_decisions(again["adaptive_batch"], summary["adaptive_batch"])
+    np.testing.assert_equal(again["phases"], summary["phases"])
+    _assert_same_weights(*(d / "checkpoints" / "ckpt-0002.weights.h5" for d in (whole, run)))
+
+
+def _on_jax(root):
+    """On JAX: ON_JAX's run uninterrupted in ROOT/whole; in ROOT/run the same
+    run stopped by SIGTERM at its rebuild after the decision, its epoch
+    checkpoint removed, and rerun to the end. Prints a JSON line."""
+    import jax
+
+    # Each rebuild compiles its steps again: the same programs, from this cache.
+    jax.config.update("jax_compilation_cache_dir", str(root / "jax_cache"))
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
+    jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
+    train_data.short_run(root / "whole", **ON_JAX)
+    stopped = _stopped_at_the_rebuild(root / "run", ON_JAX)
+    left = _killed_before_the_epochs_checkpoint(root / "run")
+    train_data.short_run(root / "run", **ON_JAX)
+    print(json.dumps({"backend": keras.backend.backend(), "stopped": str(stopped), "left": left}))
 
 
 def _assert_same_decisions(actual, expected):
@@ -342,3 +436,7 @@ def _untimed(history):
     return [
         {k: v for k, v in h.items() if k not in ("seconds", "images_per_second")} for h in history
     ]
+
+
+if __name__ == "__main__":
+    _on_jax(pathlib.Path(sys.argv[1]))

@@ -319,6 +319,10 @@ LONG_TESTS = {
     "test_plan_layout.py::test_the_planned_layout_steps_as_one_device": (
         "JAX tool runs of a planned layout against one device (46 s)"
     ),
+    "test_train_adaptive.py::test_on_jax_it_decides_by_the_rule_and_a_stopped_run_resumes_"
+    "alike": "one JAX process of the simple CNN, --adaptive_batch's run and the same run "
+    "stopped at its rebuild and rerun; the step at each batch compiled (38 s at load 7, "
+    "2026-12-07, of which 19 s the process's CPU)",
     "test_train_cluster.py::test_a_sigterm_then_a_killed_worker_and_the_reruns_end_as_the_"
     "uninterrupted_run": f"four 2-worker TensorFlow runs of the simple CNN, {_RESUMES} (100 s "
     "with AlexNet)",

@@ -98,11 +98,18 @@ ADAPTIVE_BATCH = ("off", "adascale", "linear", "sqrt", "none")
 
 
 def _adaptive_problem(value, config):
-    """--adaptive_batch: TensorFlow, a noise-scale source, one batch flag, epochs."""
+    """--adaptive_batch: a noise-scale source, one batch flag, epochs."""
     if value == "off":
         return None
-    if config.backend != "tensorflow":
-        return f"runs on --backend=tensorflow, not {config.backend}"
+    if config.backend == "jax" and config.distribution != "none":
+        return (
+            "measures the noise scale on one device on --backend=jax: leave --distribution at none"
+        )
+    if config.backend == "jax" and config.gradient_accumulation_steps == 1:
+        return (
+            "measures the noise scale from two gradient sizes: give "
+            "--gradient_accumulation_steps >= 2 on --backend=jax"
+        )
     if config.strategy == "default" and config.gradient_accumulation_steps == 1:
         return (
             "measures the noise scale from two gradient sizes: give "
