@@ -295,7 +295,8 @@ def test_killed_at_a_decision_and_stopped_by_sigterm_at_its_rebuild_it_resumes_a
         f"stopped by SIGTERM before training resumed from {run / 'checkpoints' / 'ckpt-0001'}; "
         "run the same command to resume"
     )
-    err = capsys.readouterr().err
+    out, err = capsys.readouterr()
+    assert f"resuming {run} after epoch 0, step 3 of epoch 1" in out
     assert "SIGTERM received: saving a checkpoint" in err and "Traceback" not in err
     _, summary = train_data.short_run(run, **AROUND)
     whole, expected = uninterrupted
