@@ -227,7 +227,7 @@ def test_each_image_size_phase_reads_its_images_at_its_size():
 
 # --- a two-phase run ----------------------------------------------------------------
 def test_a_phased_run_feeds_each_batch_and_size_and_follows_the_closed_form(tmp_path):
-    # ResNet-18 on the short run's 128 digits: 2 steps at batch 64, then 2
+    # ResNet-20 on the short run's 128 digits: 2 steps at batch 64, then 2
     # epochs of 1 at 128, the last at 16x16 (the first two at 8x8). (Was
     # 512 and 1024 of all 1438: the same steps at 8x the compute.)
     config, summary = train_data.short_run(

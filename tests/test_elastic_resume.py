@@ -47,6 +47,7 @@ from tests.train_tool import tool_command
 # of all 1,438: the same steps at 4x the compute; the fixture of the
 # uninterrupted runs took 207 s alone, now 93 s.)
 SHARED = [
+    "--model=resnet18",
     "--image_size=8",
     "--train_examples=320",
     "--batch_schedule=0:64,1:128",
@@ -61,7 +62,8 @@ SYNCED = [*SHARED, "--sync_batch_norm"]
 # One step of the first 128 digits, not evaluated, for the refusals: they
 # come before any step of the rerun. (Was one step of 1024: 8x the compute
 # for no claim.)
-UNSYNCED = ["--image_size=8", "--global_batch_size=128", "--train_examples=128"]
+UNSYNCED = ["--model=resnet18", "--image_size=8", "--global_batch_size=128"]
+UNSYNCED += ["--train_examples=128"]
 UNSYNCED += ["--train_epochs=1", "--warmup_epochs=0", "--noeval"]
 # The resumed run ends as the uninterrupted run on its old layout: its last
 # step ran on the new one (measured, largest absolute difference: 4.8e-7 both

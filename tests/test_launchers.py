@@ -48,6 +48,7 @@ from tests.train_tool import h5_arrays
 # One LARS step of ResNet-18 on 64 digits at 16x16, batch norm over the
 # global batch (what 2 workers must do to match one process).
 ONE_STEP = (
+    "--model=resnet18",
     "--image_size=16",
     "--global_batch_size=64",
     "--train_steps=1",

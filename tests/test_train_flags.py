@@ -26,7 +26,7 @@ def records(tmp_path_factory):
 # --- flags and config ---------------------------------------------------------------
 def test_the_default_command_line_is_the_digits_run():
     config = parse()
-    assert (config.model, config.optimizer, config.dataset) == ("resnet18", "lars", "digits")
+    assert (config.model, config.optimizer, config.dataset) == ("resnet20", "lars", "digits")
     assert config.image_size == 8 and config.model_dir == os.path.join("runs", "digits")
     assert config.global_batch_size == 128
     assert config.peak_learning_rate == pytest.approx(10.0 * 128 / 256)  # linear scaling
@@ -46,15 +46,15 @@ def test_the_first_line_names_model_data_batch_steps_model_dir_and_backend():
 
     where = f"model_dir {os.path.join('runs', 'digits')}, backend tensorflow"
     assert line() == (
-        f"training resnet18 with lars on digits (8 px), batch 128, 165 steps (15 epochs x 11), "
+        f"training resnet20 with lars on digits (8 px), batch 128, 165 steps (15 epochs x 11), "
         f"{where}"
     )
     assert line("--train_steps=30", "--optimizer=lamb") == (
-        "training resnet18 with lamb on digits (8 px), batch 128, 30 steps (3 epochs of 11 "
+        "training resnet20 with lamb on digits (8 px), batch 128, 30 steps (3 epochs of 11 "
         f"steps), {where}"
     )
     assert line("--batch_schedule=0:64,1:128", "--train_epochs=2", "--warmup_epochs=1") == (
-        f"training resnet18 with lars on digits (8 px), batch 64/128, 33 steps (2 epochs), {where}"
+        f"training resnet20 with lars on digits (8 px), batch 64/128, 33 steps (2 epochs), {where}"
     )
 
 

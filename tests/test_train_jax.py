@@ -63,7 +63,13 @@ SHORT = (
 # optimizers' norms stay float32), on the CPUs measured; in float32 the flip's
 # depth varied with the machine (CI's: slot 39 of 62, 0.13). Model parallel
 # refuses float64 (tools/train/config.py) and is compared in float32.
-TWO_STEPS = (*SHORT[:2], "--train_steps=2", "--warmup_epochs=0.05", "--checkpoint_every_steps=1")
+TWO_STEPS = (
+    "--model=resnet18",
+    *SHORT[:2],
+    "--train_steps=2",
+    "--warmup_epochs=0.05",
+    "--checkpoint_every_steps=1",
+)
 TWO_STEPS += SHORT[-2:]
 FLOAT64_TWO_STEPS = (*TWO_STEPS, "--precision=float64")
 FLOAT64_BOUND = 1e-5  # relative, as in largest_difference; measured 1.3e-6

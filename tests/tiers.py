@@ -237,7 +237,7 @@ def _why_slow(item):
 # the fast tier (test_tiers checks), and so does each claim named in the
 # reasons. Times: the test's seconds in the fast tier of 2026-12-05 (`-n 2`,
 # the machine loaded about 4x); of 1,406 s in all.
-_SHORT_RUNS = "train_data.short_run {} times in one test (ResNet-18 traced each time)"
+_SHORT_RUNS = "train_data.short_run {} times in one test (the default ResNet-20 traced each time)"
 SLOW_IN_PROCESS = {
     "test_train_adaptive.py::test_a_decision_changes_the_batch_and_a_rerun_from_its_checkpoint_"
     "decides_alike": f"32 s alone (2026-12-07): {_SHORT_RUNS.format(2)}, each rebuilt at the "
@@ -358,7 +358,7 @@ LONG_TESTS = {
         "a tool process under a file-size limit (23 s)"
     ),
     "test_train_runs.py::test_each_model_family_trains_on_generated_tfrecords": (
-        "every model family through the tool's main on records, ResNet-18 to its accuracy "
+        "every model family through the tool's main on records, ResNet-20 to its accuracy "
         "(64 s when each ran in its own process)"
     ),
     "test_train_resume.py::test_sigterm_then_a_kill_and_the_reruns_end_as_an_uninterrupted_"

@@ -43,7 +43,7 @@ def imagenet_records(root, train_per_class=60, eval_per_class=15, num_shards=4):
     return records
 
 
-# The fast tier's whole run of the training tool, in this process: ResNet-18
+# The fast tier's whole run of the training tool, in this process: ResNet-20
 # on the first 128 of the 8x8 digits, one step an epoch (128 // 128), two
 # epochs, one evaluation step each (64 test images). tests/tiers.py keeps a
 # test that trains through short_run (and no other run) fast; its guard fails

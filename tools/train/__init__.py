@@ -1,8 +1,8 @@
 """The training tool: trains an image classifier with LARS, LAMB or momentum SGD.
 
-    keras-lars-train           # ResNet-18 on scikit-learn's digits, 15 epochs on the CPU
+    keras-lars-train           # ResNet-20 on scikit-learn's digits, 15 epochs on the CPU
 
-With no flags it trains ResNet-18 with LARS and the warmup +
+With no flags it trains ResNet-20 with LARS and the warmup +
 polynomial-decay schedule on scikit-learn's handwritten digits (1797 8x8
 images shipped with scikit-learn, at their own 8x8; nothing is downloaded),
 evaluates on a fixed held-out fifth after every epoch, and writes

@@ -192,7 +192,7 @@ class Config:
     (ConfigError naming the flag); image_size=0 and model_dir="" resolve to
     the data set's defaults. `--recipe` is applied by `config_from_flags`."""
 
-    model: str = setting("resnet18", "Network (keras_lars.models).", choices=MODELS)
+    model: str = setting("resnet20", "Network (keras_lars.models).", choices=MODELS)
     optimizer: str = setting(
         "lars",
         "lars: keras_lars.LARS; lamb: keras_lars.LAMB; sgd / nesterov: momentum "
