@@ -54,6 +54,11 @@ from keras_lars.validation import check_number
 
 # The keys of `NoiseScaleEstimator.stats()` and of the logs `NoiseScaleMonitor` fills.
 LOG_KEYS = ("noise_scale", "noise_scale_gradient_sq", "noise_scale_trace")
+# With `NoiseScaleMonitor(interval=True)`: the epoch's own B_simple and its standard error.
+INTERVAL_LOG_KEYS = {
+    "noise_scale": "noise_scale_interval",
+    "standard_error": "noise_scale_interval_error",
+}
 # What the interval sums hold, in order, over the n measurements since their reset.
 INTERVAL_SUMS = ("count", "gradient_sq", "trace", "gradient_sq_sq", "trace_sq", "product")
 
@@ -326,17 +331,30 @@ class NoiseScaleMonitor(keras.callbacks.Callback):
         noise_scale_gradient_sq  |G|^2, the squared norm of the true gradient
         noise_scale_trace        tr(Sigma), the summed per-example variance
 
+    These are moving averages (decay `noise_scale_decay`): they lag, weighted
+    toward earlier epochs. With `interval=True` each epoch end also adds
+
+        noise_scale_interval        B_simple of this epoch's updates alone
+        noise_scale_interval_error  its standard error
+
+    (`NoiseScaleEstimator.interval_stats`, whose sums it resets: not with a
+    callback that reads and resets them itself, such as the training tool's
+    adaptive batch; a key is left out where its value is nan: |G|^2 <= 0 or
+    fewer than 2 measurements).
+
     The optimizer (`keras_lars.LARS` / `LAMB`, possibly inside a
     `LossScaleOptimizer`) must be constructed with `noise_scale_batch_size`.
     Reading the values syncs with the device: `every_batch=True` costs a
     little each step.
     """
 
-    def __init__(self, every_batch=False):
+    def __init__(self, every_batch=False, interval=False):
         super().__init__()
-        if not isinstance(every_batch, bool):
-            raise ValueError(f"`every_batch` must be True or False, received {every_batch!r}.")
+        for name, value in (("every_batch", every_batch), ("interval", interval)):
+            if not isinstance(value, bool):
+                raise ValueError(f"`{name}` must be True or False, received {value!r}.")
         self.every_batch = every_batch
+        self.interval = interval
 
     def _estimator(self):
         optimizer = getattr(self.model.optimizer, "inner_optimizer", self.model.optimizer)
@@ -357,11 +375,16 @@ class NoiseScaleMonitor(keras.callbacks.Callback):
             logs.update(self._estimator().stats())
 
     def on_epoch_end(self, epoch, logs=None):
+        estimator = self._estimator()
+        found = estimator.interval_stats(reset=True) if self.interval else {}
         if logs is not None:
-            logs.update(self._estimator().stats())
+            logs.update(estimator.stats())
+            for name, key in INTERVAL_LOG_KEYS.items() if self.interval else ():
+                if math.isfinite(found[name]):
+                    logs[key] = found[name]
 
     def get_config(self):
-        return {"every_batch": self.every_batch}
+        return {"every_batch": self.every_batch, "interval": self.interval}
 
 
 # --- at fixed weights ------------------------------------------------------

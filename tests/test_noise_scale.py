@@ -383,6 +383,32 @@ def test_the_smoothed_values_reach_the_logs_and_resume_exactly(tmp_path):
     assert resumed.optimizer.noise_scale_stats() == straight.optimizer.noise_scale_stats()
 
 
+def test_the_interval_reading_is_each_epochs_own_and_resets_its_sums():
+    x, y = make_data()
+    model = keras.Sequential([keras.Input((FEATURES,)), keras.layers.Dense(1)])
+    model.set_weights(WEIGHTS)
+    optimizer = keras_lars.LAMB(0.01, gradient_accumulation_steps=2, noise_scale_batch_size=4)
+    model.compile(optimizer, "mse")
+    before = []  # the sums' reading at each epoch end, just before the monitor's
+
+    class Peek(keras.callbacks.Callback):
+        def on_epoch_end(self, epoch, logs=None):
+            before.append(optimizer.noise_scale_estimator.interval_stats())
+
+    monitor = keras_lars.NoiseScaleMonitor(interval=True)
+    history = model.fit(
+        x, y, batch_size=4, shuffle=False, verbose=0, epochs=2, callbacks=[Peek(), monitor]
+    ).history
+    assert [reading["count"] for reading in before] == [len(x) // 8] * 2  # one epoch's each
+    for name, key in noise_scale.INTERVAL_LOG_KEYS.items():
+        assert history[key] == [reading[name] for reading in before]
+    assert optimizer.noise_scale_estimator.interval_stats()["count"] == 0
+    assert history["noise_scale_interval"][1] != history["noise_scale"][1]  # unlagged
+    assert monitor.get_config() == {"every_batch": False, "interval": True}
+    with pytest.raises(ValueError, match=r"`interval` must be True or False, received 1"):
+        keras_lars.NoiseScaleMonitor(interval=1)
+
+
 # --- bad input ----------------------------------------------------------------
 @pytest.mark.parametrize(
     "arguments, message",

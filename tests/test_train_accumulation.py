@@ -73,8 +73,14 @@ def test_the_noise_scale_is_in_the_history_from_the_micro_batches(tmp_path):
         )
         assert math.isfinite(scale) and trace > 0
         assert scale == pytest.approx(trace / gradient_sq, rel=1e-5)
+    # Each epoch's own reading, unlagged (the monitor's test checks its value).
+    first, last = summary["history"]
+    assert first["noise_scale_interval"] > 0 and last["noise_scale_interval"] > 0
+    assert first["noise_scale_interval_error"] > 0 and last["noise_scale_interval_error"] > 0
+    assert first["noise_scale_interval"] != last["noise_scale_interval"]
     written = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert "noise_scale" in written["final"]
+    assert written["history"][-1]["noise_scale_interval"] == last["noise_scale_interval"]
 
 
 def test_a_stop_inside_an_epoch_resumes_at_an_update_and_ends_as_the_uninterrupted_run(tmp_path):

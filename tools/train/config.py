@@ -220,7 +220,10 @@ class Config:
         "Measure the gradient noise scale B_simple (McCandlish et al. 2018) from each "
         "replica's gradient and the all-reduced one, or from the micro-batches of "
         "--gradient_accumulation_steps (keras_lars.NoiseScaleMonitor): noise_scale, "
-        "noise_scale_gradient_sq and noise_scale_trace in the history and TensorBoard.",
+        "noise_scale_gradient_sq and noise_scale_trace (moving averages, lagged) in the "
+        "history and TensorBoard, and each epoch's own B_simple, noise_scale_interval, with "
+        "its standard error noise_scale_interval_error (not with --adaptive_batch, whose "
+        "decisions log theirs as adaptive_noise_scale).",
     )
     adaptive_batch: str = setting(
         "off",

@@ -351,7 +351,8 @@ def make_callbacks(run, schedule, state):
         throughput,
         run_callbacks.ProgressLine(counter, config.log_every_seconds),
         run_callbacks.LearningRateLog(counter, schedule),
-        *([keras_lars.NoiseScaleMonitor()] if config.noise_scale else []),  # into the logs
+        # into the logs; each epoch's own reading too, unless the adaptive batch's decisions take it
+        *([keras_lars.NoiseScaleMonitor(interval=not run.adaptive)] if config.noise_scale else []),
         *([run_callbacks.BatchLog(run.length, config.image_size)] if run.length.phases else []),
         evaluations,  # before Checkpointing, which saves the target it finds
         *([run.adaptive.callback(run, state)] if run.adaptive else []),  # and the decisions
