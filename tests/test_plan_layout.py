@@ -132,6 +132,26 @@ def test_keras_lays_out_exactly_the_variables_whose_path_a_regex_fullmatches():
     assert laid_out == ["conv1/kernel", "fc/kernel"]
 
 
+def test_variable_shapes_are_a_built_models_and_leave_the_next_model_as_seeded():
+    """variable_shapes builds without initialising (a StatelessScope): the
+    paths and shapes of a normally built model, nothing left behind, and the
+    next model drawn from the seed as if no shapes had been read."""
+    from keras_lars.tools.train import build
+
+    config = train.Config(model="resnet20", image_size=32, seed=3)
+    keras.utils.set_random_seed(config.seed)
+    built = build.create_model(config, 10)
+    expected = {v.path: tuple(v.shape) for v in built.weights}
+    values = [v.numpy() for v in built.weights]
+    keras.backend.clear_session()
+    shapes = build.variable_shapes(config, 10)
+    assert shapes == expected and len(shapes) == 19 * 1 + 19 * 4 + 2
+    after = build.create_model(config, 10)
+    assert [v.path for v in after.weights] == list(expected)
+    assert all((v.numpy() == w).all() for v, w in zip(after.weights, values))
+    keras.backend.clear_session()
+
+
 def test_the_layout_flag_needs_model_parallel_on_jax():
     with pytest.raises(
         ConfigError, match="^--layout=plan.json: needs --backend=jax --distribution"
