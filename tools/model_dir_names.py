@@ -13,3 +13,10 @@ CONFIG_FILE = "config.json"
 SUMMARY_FILE = "summary.json"
 CHECKPOINTS = "checkpoints"
 SETTINGS, LAYOUT = "settings", "layout"
+# summary.json's history: the unlagged noise-scale readings, (B_simple, its standard
+# error), as keras_lars.NoiseScaleMonitor(interval=True) (INTERVAL_LOG_KEYS) and the
+# adaptive batch's decisions (tools/train/adaptive.LOGGED) log them
+NOISE_READINGS = (
+    ("noise_scale_interval", "noise_scale_interval_error"),
+    ("adaptive_noise_scale", "adaptive_noise_scale_error"),
+)

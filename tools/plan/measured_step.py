@@ -57,7 +57,7 @@ class MeasuredRun:
         return self.global_batch / self.images_per_second
 
 
-def _summary(path):
+def summary_file(path):
     """(the summary file, how errors name it: '--from_run=DIR: summary.json')."""
     if os.path.isdir(path):
         return os.path.join(path, SUMMARY_FILE), f"--from_run={path}: {SUMMARY_FILE}"
@@ -85,7 +85,7 @@ def read_run(path, devices=0):
     """The MeasuredRun of a model dir or summary.json (`devices` > 0: the
     replicas, else the run's record of them); ConfigError naming --from_run,
     the file and the field."""
-    summary, name = _summary(path)
+    summary, name = summary_file(path)
     try:
         document = untrusted_json.read_json(summary)
     except untrusted_json.UntrustedFileError as error:

@@ -57,6 +57,7 @@ class StepsCurve:
     measured_steps: dict = dataclasses.field(default_factory=dict)  # {batch: mean steps}
     study: str = ""  # the study's directory, where the curve is a study's
     optimizer: str = ""
+    details: tuple = ()  # lines the report prints under the source (run_noise.py's)
 
     def tuned_at(self, batch):
         """(peak rate, schedule steps) the study tuned at `batch`, or None."""
@@ -112,20 +113,25 @@ def given_curve(s_min, e_min, b_crit):
     return StepsCurve(s_min, e_min, source)
 
 
-def noise_scale_curve(noise_scale, steps, batch):
-    """The curve through one measured point (`steps` at `batch`) with
-    B_crit = the measured noise scale."""
-    for name, value in (
-        ("target_noise_scale", noise_scale),
-        ("target_measured_steps", steps),
-        ("target_measured_batch", batch),
-    ):
+def check_measured_point(steps, batch, flag, noise_scale=None):
+    """ConfigError unless --target_measured_steps and --target_measured_batch
+    (and a `noise_scale` given) are > 0: `flag` needs them."""
+    values = (("target_measured_steps", steps), ("target_measured_batch", batch))
+    if noise_scale is not None:
+        values = (("target_noise_scale", noise_scale), *values)
+    for name, value in values:
         if value <= 0:
             raise ConfigError(
-                f"--{name}={value:g}: must be > 0 (--target_noise_scale needs "
+                f"--{name}={value:g}: must be > 0 ({flag} needs "
                 "--target_measured_steps and --target_measured_batch: the steps one run took "
                 "to the target at that batch)."
             )
+
+
+def noise_scale_curve(noise_scale, steps, batch):
+    """The curve through one measured point (`steps` at `batch`) with
+    B_crit = the measured noise scale."""
+    check_measured_point(steps, batch, "--target_noise_scale", noise_scale)
     s_min = steps / (1 + noise_scale / batch)
     source = (
         f"B_crit = --target_noise_scale={noise_scale:g}, through {steps:g} steps at batch "
@@ -154,9 +160,24 @@ def checked(flag, path, read, *arguments):
         raise ConfigError(f"{flag}: {path}: {error}.") from None
 
 
-def study_curve(directory, optimizer):
-    """One optimizer's curve from a steps-to-target study's fit.json
-    (`optimizer` '': the study's only one)."""
+@dataclasses.dataclass(frozen=True)
+class StudyFit:
+    """One optimizer's fit in a study's fit.json, each field checked."""
+
+    path: str
+    document: dict
+    optimizer: str
+    s_min: float
+    e_min: float
+    batches: tuple
+    model: str
+    image_size: int
+    examples: int
+
+
+def study_fit(directory, optimizer):
+    """The StudyFit of `optimizer` ('': the study's only one) in the
+    steps-to-target study in `directory`."""
     flag = f"--target_study={directory}"
     if not os.path.isdir(directory):
         raise ConfigError(f"{flag}: no such directory.")
@@ -186,12 +207,24 @@ def study_curve(directory, optimizer):
             "fewer than 3 batches where every seed reached the target."
         )
     s_min, e_min, batches = checked(flag, path, _fit, fit, optimizer)
+    model, image_size, examples = checked(flag, path, _study_fields, study)
+    return StudyFit(path, document, optimizer, s_min, e_min, batches, model, image_size, examples)
+
+
+def study_curve(directory, optimizer):
+    """One optimizer's curve from a steps-to-target study's fit.json
+    (`optimizer` '': the study's only one)."""
+    flag = f"--target_study={directory}"
+    found = study_fit(directory, optimizer)
+    path, document, optimizer = found.path, found.document, found.optimizer
+    s_min, e_min, batches = found.s_min, found.e_min, found.batches
+    model, image_size, examples = found.model, found.image_size, found.examples
     if s_min + e_min <= 0:
         raise ConfigError(
             f"{flag}: {path}: the fit of {optimizer} has S_min {s_min:g}, E_min {e_min:g}: "
             "no curve."
         )
-    model, image_size, examples = checked(flag, path, _study_fields, study)
+    study = document["study"]
     target = f"accuracy {study.get('target_accuracy')} of {model} on {study.get('dataset')}"
     tuned, untuned, measured = _table_points(directory, flag, optimizer, batches)
     noise = checked(flag, path, _noise_scale_text, document, optimizer)
@@ -323,16 +356,21 @@ def _noise_scale_text(document, optimizer):
     )
 
 
-def curve(options):
-    """The StepsCurve the flags give (None: no time-to-accuracy source);
-    one source at most."""
+def one_source(options):
+    """The flag of the one steps-to-target source given ('': none)."""
     sources = source_flags(options)
-    if not sources:
-        return None
     if len(sources) > 1:
         raise ConfigError(
             f"{sources[0]}: one source of steps to the target, not also {sources[1]}."
         )
+    return sources[0] if sources else ""
+
+
+def curve(options):
+    """The StepsCurve the flags give (None: no time-to-accuracy source);
+    one source at most."""
+    if not one_source(options):
+        return None
     if options.target_study:
         return study_curve(options.target_study, options.target_optimizer)
     if options.target_noise_scale:

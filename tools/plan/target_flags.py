@@ -92,6 +92,16 @@ class TargetSettings:
     target_measured_batch: int = setting(
         0, "The global batch of the --target_measured_steps run.", check=_positive_or_unset
     )
+    target_noise_from_run: bool = setting(
+        False,
+        "Time to accuracy for the first --from_run run's model from the gradient noise scale "
+        "it measured (keras-lars-train --noise_scale): B_crit = r x its B_simple of the last "
+        "epoch with a reading (history's noise_scale_interval, or an adaptive batch's "
+        "adaptive_noise_scale; not the lagged moving average), r = B_crit / B_simple that "
+        "--target_study measured for --target_optimizer at fixed weights nearest its goal "
+        "(its noise_scales.json); through --target_measured_steps at --target_measured_batch, "
+        "else the steps the run took to its --target_accuracy.",
+    )
     target_from_other_model: bool = setting(
         False,
         "Time a --target_study's curve for another model (--model, --image_size) than the one "

@@ -30,6 +30,7 @@ import dataclasses
 import math
 
 from keras_lars.tools.plan import measured_step
+from keras_lars.tools.plan import run_noise
 from keras_lars.tools.plan import target_curve
 from keras_lars.tools.plan.cost_models import allreduce_time
 from keras_lars.tools.plan.device import DTYPE_BYTES
@@ -385,7 +386,10 @@ def _notes(cells, curve):
 def report(options, duration, given=frozenset()):
     """The time-to-accuracy report (None: no curve flag given); `duration`
     formats seconds; `given`: the names of the flags on the command line."""
-    curve = target_curve.curve(options)
+    if options.target_noise_from_run:  # the run's model, by the study's ratio
+        curve = run_noise.run_noise_curve(options)
+    else:
+        curve = target_curve.curve(options)
     if curve is None:
         if options.from_run:
             raise ConfigError(
@@ -407,6 +411,7 @@ def report(options, duration, given=frozenset()):
     lines = [
         f"time to {curve.target or 'the target'}: {curve.equation()}",
         f"curve     {curve.source}",
+        *curve.details,
         *([_tuned_line(curve)] if curve.tuned else []),
         *([_untuned_line(curve)] if curve.untuned else []),
         *plan.step_lines,
