@@ -122,7 +122,7 @@ def test_the_reading_the_ratio_and_the_curve(tmp_path):
     assert curve.details == (
         f"B_crit    = ratio x your B_simple = 4 x 120 = 480 (ratio 4 [3.2..5] measured by "
         f"{path} for lars at batch 1,024: its B_crit 800 over B_simple 200 at fixed weights, "
-        "100% of the steps to its goal, on simple_cnn)",
+        "100% of the steps to its goal (accuracy 0.9), on simple_cnn)",
         f"B_simple  120 +- 10 (standard error), unlagged, measured by --from_run={run}: "
         "summary.json: history[1].noise_scale_interval, epoch 2 of 3",
         "spread    B_crit 384 .. 600 over the ratio's interval (your B_simple's error not "
@@ -156,6 +156,7 @@ def test_an_adaptive_reading_counts_and_the_run_target_is_the_point(tmp_path):
         f"--from_run={alone}: summary.json: history[0].noise_scale_interval, epoch 1 of 1"
     )
     assert "through 600 steps at batch 256 (the run's steps to accuracy 0.9)" in curve.source
+    assert curve.target == "accuracy 0.9 of simple_cnn"
 
 
 def test_an_interval_reaching_zero_leaves_the_ratio_unbounded_above(tmp_path):
@@ -251,6 +252,16 @@ def test_bad_studies_and_flags_are_one_line(tmp_path, monkeypatch, capsys):
     assert _main(monkeypatch, capsys, flags(outside, run, **POINT)) == (
         f"error: --target_study={outside}: {outside}/noise_scales.json: rows[0].low, high: "
         "[6, 9] does not hold noise_scale 5."
+    )
+    goal = {**FIT, "study": {**FIT["study"], "target_accuracy": True}}
+    odd = write_study(tmp_path / "odd", fit=goal)
+    assert _main(monkeypatch, capsys, flags(odd, run, **POINT)) == (
+        f"error: --target_study={odd}: {odd}/fit.json: study.target_accuracy: true is not a number."
+    )
+    flat = write_study(tmp_path / "flat", rows={"lars": 1})
+    assert _main(monkeypatch, capsys, flags(flat, run, **POINT)) == (
+        f'error: --target_study={flat}: {flat}/noise_scales.json: "rows": not a list of '
+        "measurements."
     )
     assert _main(monkeypatch, capsys, flags(study, run)) == (
         f"error: --from_run={run}: summary.json: the run reached no --target_accuracy (its "

@@ -52,6 +52,7 @@ class Ratio:
     path: str
     optimizer: str
     model: str
+    goal: str  # the study's target, e.g. "accuracy 0.9" ('': not said)
 
     def text(self):
         high = "inf" if math.isinf(self.high) else f"{self.high:.3g}"
@@ -59,7 +60,9 @@ class Ratio:
             f"ratio {self.ratio:.3g} [{self.low:.3g}..{high}] measured by {self.path} for "
             f"{self.optimizer} at batch {self.batch:,}: its B_crit {self.b_crit:,.0f} over "
             f"B_simple {self.noise_scale:,.0f} at fixed weights, {self.fraction:.0%} of the "
-            f"steps to its goal" + (f", on {self.model}" if self.model else "")
+            f"steps to its goal"
+            + (f" ({self.goal})" if self.goal else "")
+            + (f", on {self.model}" if self.model else "")
         )
 
 
@@ -123,6 +126,13 @@ def study_ratio(directory, optimizer, batch):
         )
     scale, low, high, measured_batch, fraction = row
     b_crit = e_min / s_min
+    study = found.document["study"]
+    goal = ""
+    if study.get("target_accuracy") is not None:
+        accuracy = target_curve.checked(
+            flag, found.path, untrusted_json.number, study, "target_accuracy", True, "study."
+        )
+        goal = f"accuracy {accuracy:g}"
     return Ratio(
         b_crit / scale,
         b_crit / high,
@@ -134,6 +144,7 @@ def study_ratio(directory, optimizer, batch):
         path,
         optimizer,
         found.model,
+        goal,
     )
 
 
@@ -168,8 +179,9 @@ def _nearest_goal(document, optimizer, batch):
 
 
 def measured_point(options, summary, name):
-    """(S_1, B_1, what): --target_measured_steps at --target_measured_batch,
-    else the run's steps to its target (summary.json's "target")."""
+    """(S_1, B_1, what, the target accuracy or None): --target_measured_steps
+    at --target_measured_batch, else the run's steps to its target
+    (summary.json's "target")."""
     if options.target_measured_steps or options.target_measured_batch:
         target_curve.check_measured_point(
             options.target_measured_steps, options.target_measured_batch, "--target_noise_from_run"
@@ -178,6 +190,7 @@ def measured_point(options, summary, name):
             options.target_measured_steps,
             options.target_measured_batch,
             "--target_measured_steps, --target_measured_batch",
+            None,
         )
     reached = summary.get("target")
     if not isinstance(reached, dict) or reached.get("reached") is not True:
@@ -189,7 +202,7 @@ def measured_point(options, summary, name):
     steps = untrusted_json.integer(reached, "step", where="target.")
     batch = untrusted_json.integer(summary.get("config"), "global_batch_size", where="config.")
     accuracy = untrusted_json.number(reached, "target_accuracy", where="target.")
-    return float(steps), batch, f"the run's steps to accuracy {accuracy:g}"
+    return float(steps), batch, f"the run's steps to accuracy {accuracy:g}", accuracy
 
 
 def run_noise_curve(options):
@@ -209,7 +222,7 @@ def run_noise_curve(options):
         summary = untrusted_json.read_json(summary_path)
         run = measured_step.read_run(path, options.from_run_devices)
         reading = run_reading(summary)
-        steps, batch, point = measured_point(options, summary, name)
+        steps, batch, point, accuracy = measured_point(options, summary, name)
     except untrusted_json.UntrustedFileError as error:
         raise ConfigError(f"{name}: {error}.") from None
     ratio = study_ratio(options.target_study, options.target_optimizer, run.global_batch)
@@ -220,6 +233,7 @@ def run_noise_curve(options):
         s_min * b_crit,
         f"B_crit = r x your B_simple, through {steps:,.0f} steps at batch {batch:,} ({point})",
         measured=(batch,),
+        target=f"accuracy {accuracy:g} of {run.model}" if accuracy else "",
         model=run.model,
         image_size=run.image_size,
         details=(
