@@ -314,7 +314,7 @@ LONG_TESTS = {
     "(139 s before 2026-12-07, of ResNet-18)",
     "test_plan_hlo.py::test_the_planned_bytes_are_the_compiled_steps_within_2_percent"
     "[alexnet:data_parallel:8:1:224:256]": "the `compiled` fixture: the tool's JAX step of "
-    "AlexNet, ResNet-50 and ResNet-18 and the planned AlexNet layout compiled on 8 simulated "
+    "AlexNet, ResNet-50 and ResNet-20 and the planned AlexNet layout compiled on 8 simulated "
     "devices (192 s on 8 and 64 before 2026-12-07)",
     "test_plan_layout.py::test_the_planned_layout_steps_as_one_device": (
         "JAX tool runs of a planned layout against one device (46 s)"
