@@ -233,3 +233,4 @@ def test_on_the_jax_backend_too(tmp_path):
     summary = json.loads((tmp_path / "micro" / "summary.json").read_text())
     assert summary["config"]["backend"] == "jax"
     assert all(math.isfinite(h["noise_scale"]) for h in summary["history"])
+    assert all(h["noise_scale_interval"] > 0 for h in summary["history"])  # on JAX too
