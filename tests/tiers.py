@@ -306,8 +306,9 @@ _JAX_RUNS = "JAX tool processes on 8 simulated devices"
 _RESUMES = "the tool killed or signalled, rerun, and compared with an uninterrupted run"
 LONG_TESTS = {
     "test_train_jax.py::test_every_distribution_steps_as_one_device[data_parallel_8]": (
-        f"{_JAX_RUNS}: the `runs` fixture, five runs of ResNet-18, each compiled, and two of "
-        "the simple CNN, one on 2 processes (201 s before 2026-12-07: seven of ResNet-18)"
+        f"{_JAX_RUNS}: the `runs` fixture, five runs of ResNet-20, each compiled, and two of "
+        "the simple CNN, one on 2 processes (398 s at load 9-14 on 2026-12-07, 435 s with "
+        "ResNet-18 the same way; 131 s quiet with ResNet-18, 201 s with seven)"
     ),
     "test_train_jax.py::test_a_sigterm_then_a_killed_process_and_the_reruns_end_as_the_"
     "uninterrupted_run": f"{_JAX_RUNS}: three 2-process runs of the simple CNN, {_RESUMES} "
