@@ -8,7 +8,7 @@ phase.
 A resume on another layout (workers, replicas) is exact only where a step does
 not depend on how the global batch is split (model_dir.check_layout): digits'
 global batches are the same for every split, and with --sync_batch_norm
-ResNet-18 computes nothing per replica. Then the resumed run ends as the
+ResNet-20 (the default model) computes nothing per replica. Then the resumed run ends as the
 uninterrupted runs on either layout, to float32 tolerance. Without
 --sync_batch_norm each replica normalizes its own half of the batch, and the
 resume is refused in one line naming both layouts, nothing lost.
@@ -47,7 +47,6 @@ from tests.train_tool import tool_command
 # of all 1,438: the same steps at 4x the compute; the fixture of the
 # uninterrupted runs took 207 s alone, now 93 s.)
 SHARED = [
-    "--model=resnet18",
     "--image_size=8",
     "--train_examples=320",
     "--batch_schedule=0:64,1:128",
@@ -62,18 +61,18 @@ SYNCED = [*SHARED, "--sync_batch_norm"]
 # One step of the first 128 digits, not evaluated, for the refusals: they
 # come before any step of the rerun. (Was one step of 1024: 8x the compute
 # for no claim.)
-UNSYNCED = ["--model=resnet18", "--image_size=8", "--global_batch_size=128"]
+UNSYNCED = ["--image_size=8", "--global_batch_size=128"]
 UNSYNCED += ["--train_examples=128"]
 UNSYNCED += ["--train_epochs=1", "--warmup_epochs=0", "--noeval"]
 # The resumed run ends as the uninterrupted run on its old layout: its last
-# step ran on the new one (measured, largest absolute difference: 4.8e-7 both
-# ways, TF 2.21, 2026-12-04; with batches of 256 and 512, 9.5e-6 from 2 workers
-# to 1 and 2.5e-5 from 1 to 2). The runs on the two layouts were 2.0e-3 apart
-# after their 7 steps (5.8e-3 with batches of 256 and 512; 1.2e-2 after 10
-# steps of 256): the rounding of step 1 grows every step, and 2 replicas differ
-# from 1 by more than rounding in ResNet-18's last stage (open, see
-# tests/test_launchers.py). Without --sync_batch_norm they are 9e-2 apart.
-RTOL, ATOL, LAYOUTS_ATOL = 1e-4, 5e-4, 3e-2
+# step ran on the new one (measured on ResNet-20, largest absolute difference:
+# 1.4e-6 from 2 workers to 1, 3.0e-6 from 1 to 2, TF 2.21, 2026-12-07). The
+# runs on the two layouts were 4.2e-6 apart after their 7 steps, float32
+# rounding (ResNet-18 parted by 2.0e-3: 2 replicas differed from 1 by more
+# than rounding in its last stage, open, see tests/test_launchers.py).
+# Without --sync_batch_norm they are 1.9e-2 apart after one step. The bounds
+# sit 3 to 5 times over the measured figures.
+RTOL, ATOL, LAYOUTS_ATOL = 1e-4, 1e-5, 2e-5
 LAST, RESUMED_FROM = "ckpt-0002", "ckpt-0001-000001"
 LAYOUT_CHANGES = [(2, 1), (1, 2)]  # (workers before, after)
 LAYOUT_IDS = ["2_workers_to_1", "1_to_2_workers"]
@@ -173,8 +172,9 @@ def test_two_workers_with_a_batch_change_equal_one_process(runs):
             (7, 128),
         ]
     for two, one in zip(summaries[2]["history"], summaries[1]["history"], strict=True):
-        assert two["val_loss"] == pytest.approx(one["val_loss"], abs=1e-3)
-        assert two["loss"] == pytest.approx(one["loss"], abs=1e-3)
+        # Measured 2.0e-5 and 0 (2026-12-07).
+        assert two["val_loss"] == pytest.approx(one["val_loss"], abs=1e-4)
+        assert two["loss"] == pytest.approx(one["loss"], abs=1e-4)
     _assert_close(_weights(synced[2]), _weights(synced[1]), LAYOUTS_ATOL)
 
 
@@ -196,15 +196,19 @@ def test_a_synced_run_resumes_exactly_on_the_other_layout(runs, reruns, before, 
     resumed, old = _weights(copy), _weights(synced[before])
     _assert_close(resumed, old, ATOL)
     _assert_close(resumed, _weights(synced[after]), LAYOUTS_ATOL)
-    # Its step moved the weights far beyond the tolerance.
+    # Its step moved the weights far beyond the tolerance (0.60, 2026-12-07;
+    # the float arrays: the step counter moves by 1 in any step).
     start = _weights(copy, RESUMED_FROM)
-    assert max(np.abs(resumed[k] - start[k]).max() for k in resumed) > 100 * ATOL
+    floats = [k for k in resumed if resumed[k].dtype.kind == "f"]
+    assert max(np.abs(resumed[k] - start[k]).max() for k in floats) > 100 * ATOL
     summary = json.loads((copy / "summary.json").read_text())
     whole = json.loads((synced[before] / "summary.json").read_text())
     assert [(h["epoch"], h["steps"]) for h in summary["history"]] == [(1, 5), (2, 7)]
     assert summary["history"][0] == whole["history"][0]  # the epoch of the old layout
     # The training metrics of epoch 2 average the steps this process ran.
-    for key, within in {"val_loss": 1e-3, "val_accuracy": 0.003, "learning_rate": 0}.items():
+    # val_loss measured 2.0e-5 apart, val_accuracy equal (2026-12-07; 0.003
+    # is one of the 359 validation digits).
+    for key, within in {"val_loss": 1e-4, "val_accuracy": 0.003, "learning_rate": 0}.items():
         assert summary["final"][key] == pytest.approx(whole["final"][key], abs=within), key
     state = json.loads((copy / "checkpoints" / f"{LAST}.json").read_text())
     assert state["layout"] == {"workers": after, "replicas": after}

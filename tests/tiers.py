@@ -328,15 +328,18 @@ LONG_TESTS = {
     "uninterrupted_run": f"four 2-worker TensorFlow runs of the simple CNN, {_RESUMES} (100 s "
     "with AlexNet)",
     "test_elastic_resume.py::test_two_workers_with_a_batch_change_equal_one_process": (
-        "the `runs` fixture: 2-worker and 1-process runs of ResNet-18, with and without "
-        "--sync_batch_norm, at once (the two were 67 s and 36 s one after the other)"
+        "the `runs` fixture: 2-worker and 1-process runs of ResNet-20, with and without "
+        "--sync_batch_norm, at once (198 s at load 9 to 14, 2026-12-07, where ResNet-18's "
+        "took 355 s)"
     ),
     "test_elastic_resume.py::test_a_synced_run_resumes_exactly_on_the_other_layout"
-    "[2_workers_to_1]": "the `reruns` fixture: each run resumed or refused on the other worker "
-    "count, at once (the four were 21-43 s each, one after the other)",
+    "[2_workers_to_1]": "the `reruns` fixture: each run of ResNet-20 resumed or refused on the "
+    "other worker count, at once (101 s at load 9 to 14, 2026-12-07, where ResNet-18's took "
+    "164 s)",
     "test_launchers.py::test_slurm_tasks_become_workers_at_ports_of_the_job": (
-        "the `tf_runs` fixture: 2-worker runs through SLURM's and a chief's environment, and "
-        "in bfloat16 all-reduce (54 s without the last)"
+        "the `tf_runs` fixture: 2-worker runs of ResNet-20 through SLURM's and a chief's "
+        "environment, and in bfloat16 all-reduce (273 s at load 9 to 14, 2026-12-07, where "
+        "ResNet-18's took 287 s: at 16 px the two cost about the same compute)"
     ),
     "test_launchers.py::test_jax_slurm_processes_step_as_one_device": (
         "2 JAX processes through SLURM's environment against one, the simple CNN (54 s with "
