@@ -13,7 +13,9 @@ On TensorFlow the two launchers must start the same 2-task cluster: their
 runs end bit for bit equal. Against one process they agree on the step's
 loss to float32 rounding (ResNet-20 at 16 px: equal, 2026-12-07); their
 weights after the step do not: up to 1.9e-2 of a step, in a batch norm's
-gamma in stage 2 (8x8 maps), measured 2026-12-07. ResNet-18 parted by 1
+gamma in stage 2 (8x8 maps), measured 2026-12-07, and 1.9e-2 too with
+oneDNN's kernels off (TF_ENABLE_ONEDNN_OPTS=0, which brings the elastic
+resume's layouts of ResNet-20 at 8 px to 4.2e-6). ResNet-18 parted by 1
 to 3% of a step in stage 4 (1x1 maps at 16 px); there it was not the
 launchers (MirroredStrategy on 2 logical CPUs in one process gave the same
 2.8e-2) and not batch norm's one-pass variance (keras_lars.compat's
