@@ -327,6 +327,15 @@ LONG_TESTS = {
     "test_train_cluster.py::test_a_sigterm_then_a_killed_worker_and_the_reruns_end_as_the_"
     "uninterrupted_run": f"four 2-worker TensorFlow runs of the simple CNN, {_RESUMES} (100 s "
     "with AlexNet)",
+    "test_train_adaptive.py::test_killed_at_a_decision_and_stopped_by_sigterm_at_its_rebuild_"
+    "it_resumes_alike": f"a tool process killed at its first --adaptive_batch decision, then "
+    f"two reruns in this process, {_RESUMES} (22 s; 29 s on the oldest pair)",
+    "test_train_cluster.py::test_an_adaptive_batch_on_two_workers_decides_and_trains_as_one_"
+    "device": "--adaptive_batch on 2 real TensorFlow workers against one device with 2 "
+    "micro-batches (20 s; 27 s on the oldest pair)",
+    "test_callbacks.py::test_callback_on_the_jax_backend": (
+        "a JAX process fitting with the callbacks (8 s; 24 s on the oldest pair, jax 0.5.3)"
+    ),
     "test_elastic_resume.py::test_two_workers_with_a_batch_change_equal_one_process": (
         "the `runs` fixture: 2-worker and 1-process runs of ResNet-20, with and without "
         "--sync_batch_norm, at once (198 s at load 9 to 14, 2026-12-07, where ResNet-18's "
