@@ -351,15 +351,18 @@ CIFAR_PUBLISHED = {20: 0.27, 32: 0.46, 44: 0.66, 56: 0.85, 110: 1.7}
 
 
 @pytest.mark.parametrize("depth", sorted(CIFAR_PUBLISHED))
-def test_cifar_resnet_parameter_count_by_hand(depth):
+def test_cifar_resnet_parameter_count_by_hand(depth, small):
     """Sec. 4.2's network summed by hand: 3x3 convolutions (no bias) of 16,
     32 and 64 filters, n = (depth - 2) / 6 blocks a stage, a batch norm
-    (gamma, beta) after each, parameter-free shortcuts, a 10-way dense."""
+    (gamma, beta) after each, parameter-free shortcuts, a 10-way dense.
+    ResNet-20 is built with its defaults (32x32, 10 classes); the deeper ones
+    are the module's `small` builds, the same shapes, shared with
+    test_model_kinds_match_the_built_models."""
     n = (depth - 2) // 6
     convs = [(3, 16)] + [(16, 16)] * 2 * n + [(16, 32)] + [(32, 32)] * (2 * n - 1)
     convs += [(32, 64)] + [(64, 64)] * (2 * n - 1)
     expected = sum(9 * c_in * c_out + 2 * c_out for c_in, c_out in convs) + 64 * 10 + 10
-    model = getattr(models, f"resnet{depth}")()
+    model = getattr(models, f"resnet{depth}")() if depth == 20 else small(f"resnet{depth}")
     assert trainable_count(model) == expected
     assert round(expected / 1e6, 2 if depth < 100 else 1) == CIFAR_PUBLISHED[depth]
     assert (model.name, model.input_shape, model.output_shape) == (
