@@ -56,8 +56,8 @@ from keras_lars.tools.plan.target_flags import parse_counts
 from keras_lars.tools.settings import ConfigError
 from keras_lars.tools.settings import at_least
 from keras_lars.tools.settings import setting
+from keras_lars.tools.study_files import TRIALS_FILE
 
-TRIALS_FILE = "trials.jsonl"  # tools/batch_study/target_runner.py
 GOAL = 0.25  # |planned / measured - 1| at most this at every batch
 
 

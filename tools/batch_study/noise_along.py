@@ -31,10 +31,11 @@ from keras_lars.tools.batch_study.runner import train_logged
 from keras_lars.tools.batch_study.study import batch_examples
 from keras_lars.tools.batch_study.target_results import trial_rows
 from keras_lars.tools.model_dir_names import CHECKPOINTS
+from keras_lars.tools.study_files import NOISE_STORE
+from keras_lars.tools.study_files import NOISE_TABLE
 from keras_lars.tools.train import build
 from keras_lars.tools.train.saved_weights import weights_path
 
-NOISE_FILE = "noise_scales.jsonl"
 NOISE_FIELDS = (
     "optimizer",
     "batch_size",
@@ -128,7 +129,7 @@ def measure_along(study, trials, records, num_train, data):
     trials (module docstring); rewrites noise_scales.csv / .json. Returns
     the rows of this plan's measurements."""
     search = study.search
-    path = os.path.join(study.study_dir, NOISE_FILE)
+    path = os.path.join(study.study_dir, NOISE_STORE)
     stored = load_store(path, NOISE_FIELDS)
     examples, found = None, []
     for t, row in best_trials(study, trials, records, num_train):
@@ -164,7 +165,7 @@ def measure_along(study, trials, records, num_train, data):
             found.append(stored[keys[step]]["row"])
     if found:
         header = {"noise": {"confidence": CONFIDENCE, "trials_key": "best trial, seed 0"}}
-        write_table(os.path.join(study.study_dir, "noise_scales"), NOISE_FIELDS, found, header)
+        write_table(os.path.join(study.study_dir, NOISE_TABLE), NOISE_FIELDS, found, header)
     return found
 
 

@@ -46,9 +46,8 @@ from keras_lars.tools.batch_study.target_search import trial
 from keras_lars.tools.batch_study.target_search import untuned_batches
 from keras_lars.tools.model_dir_names import CHECKPOINTS
 from keras_lars.tools.settings import ConfigError
+from keras_lars.tools.study_files import TRIALS_FILE
 from keras_lars.tools.train.loop import Diverged
-
-TRIALS_FILE = "trials.jsonl"
 
 
 def trial_row(t, summary, wall):

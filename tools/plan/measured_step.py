@@ -34,8 +34,8 @@ from keras_lars.tools.model_dir_names import SUMMARY_FILE
 from keras_lars.tools.plan.config import IMAGE_SIZE_CHECK
 from keras_lars.tools.plan.step import BACKWARD_FRACTION
 from keras_lars.tools.settings import ConfigError
+from keras_lars.tools.study_files import TRIALS_FILE
 
-TRIALS_FILE = "trials.jsonl"  # tools/batch_study/target_runner.py
 SHORTEST_STEP = 1e-6  # seconds: a step measured shorter is not a measurement
 NEWEST_STATES = 8  # checkpoint states read for a run's replica count
 

@@ -24,8 +24,9 @@ from keras_lars.tools.model_dir_names import NOISE_READINGS
 from keras_lars.tools.plan import measured_step
 from keras_lars.tools.plan import target_curve
 from keras_lars.tools.settings import ConfigError
+from keras_lars.tools.study_files import NOISE_TABLE
 
-NOISE_FILE = "noise_scales.json"  # tools/batch_study/noise_along.py
+NOISE_FILE = NOISE_TABLE + ".json"
 
 
 @dataclasses.dataclass(frozen=True)
