@@ -1,22 +1,17 @@
 """The training tool's batch schedule (--batch_schedule, --batch_coupling):
-refused phases, the run length per phase, a two-phase run whose rates are
-the closed form of EpochWarmupPolyDecay, and a resume across a phase
-boundary that ends bit-equal to an uninterrupted run. (Two workers with a
-batch change against one process: tests/test_elastic_resume.py, whose runs
-carry one.)"""
+refused phases, the run length per phase, and a two-phase run whose rates
+are the closed form of EpochWarmupPolyDecay. (A SIGTERM, a kill and the
+reruns inside the second phase, bit-equal to an uninterrupted run:
+tests/test_train_resume.py; two workers with a batch change against one
+process: tests/test_elastic_resume.py, whose runs carry one.)"""
 
-import json
 import os
-import signal
-import subprocess
-import time
 
 import keras
 import numpy as np
 import pytest
 
 import keras_lars
-from keras_lars.tools import checkpoints
 from keras_lars.tools import input_pipeline
 from keras_lars.tools import train
 from keras_lars.tools.train import build as train_build
@@ -25,10 +20,6 @@ from keras_lars.tools.train import runtime as train_runtime
 from keras_lars.tools.train.length import PhaseLength
 from keras_lars.tools.train.length import run_length
 from tests import train_data
-from tests.train_tool import TIMEOUT
-from tests.train_tool import assert_same_weights
-from tests.train_tool import run_tool
-from tests.train_tool import start_tool
 
 DIGITS_TRAIN = 1438  # the digits' training examples (the held-out fifth aside)
 
@@ -259,65 +250,3 @@ def test_a_phased_run_feeds_each_batch_and_size_and_follows_the_closed_form(tmp_
     assert expected[0] == pytest.approx(2 * (1e-4 + (1 - 1e-4) * 0.8**2))  # the doubled rate
     events = os.listdir(tmp_path / "run" / "logs" / "train")
     assert events  # TensorBoard's epoch_global_batch_size and epoch_learning_rate go there
-
-
-# --- SIGTERM inside the second phase, rerun: bit-equal to the uninterrupted run ----------
-# The first 256 digits at their 8x8 (8 steps of 32, then 4 of 64 an epoch;
-# was 512 at 16x16, batches 64 and 128: 8x the compute), 64 evaluated.
-PHASED = [
-    "--model=alexnet_bn",
-    "--train_examples=256",
-    "--eval_examples=64",
-    "--train_epochs=3",
-    "--warmup_epochs=0.5",
-    "--batch_schedule=0:32,1:64",
-    "--base_learning_rate=4",
-    "--checkpoint_every_steps=2",
-]
-
-
-def test_sigterm_inside_the_second_phase_and_the_rerun_ends_as_an_uninterrupted_run(tmp_path):
-    # AlexNet-BN has dropout: the resumed epoch goes on with the same masks and batches.
-    whole, stopped = tmp_path / "whole", tmp_path / "stopped"
-    uninterrupted = start_tool(
-        [*PHASED, f"--model_dir={whole}"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
-    )
-    victim = start_tool(
-        [*PHASED, f"--model_dir={stopped}"],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    try:
-
-        def in_second_phase():  # a step checkpoint after epoch 1 (8 steps at 32)
-            saved = checkpoints.saved(str(stopped / "checkpoints"))
-            return any(e >= 1 and s >= 2 for e, s in saved)
-
-        deadline = time.time() + TIMEOUT
-        while not in_second_phase() and victim.poll() is None and time.time() < deadline:
-            time.sleep(0.05)
-        victim.send_signal(signal.SIGTERM)
-        _, stderr = victim.communicate(timeout=TIMEOUT)
-        assert victim.returncode == train.EXIT_PREEMPTED, stderr[-3000:]
-        epoch, step = checkpoints.saved(str(stopped / "checkpoints"))[-1]
-        assert epoch >= 1 and not (stopped / "summary.json").exists()  # inside phase 2
-        resumed = run_tool([*PHASED, f"--model_dir={stopped}"])
-        assert resumed.returncode == 0, resumed.stderr[-3000:]
-        inside = f", step {step} of epoch {epoch + 1}" if step else ""
-        assert f"resuming {stopped} after epoch {epoch}{inside}" in resumed.stdout
-        assert uninterrupted.wait(TIMEOUT) == 0
-    finally:
-        for process in (uninterrupted, victim):
-            if process.poll() is None:
-                process.kill()
-                process.wait()
-
-    summaries = [json.loads((d / "summary.json").read_text()) for d in (whole, stopped)]
-    keys = ("val_loss", "val_accuracy", "learning_rate", "steps", "global_batch_size")
-    assert [h["global_batch_size"] for h in summaries[0]["history"]] == [32, 64, 64]
-    assert [h["steps"] for h in summaries[0]["history"]] == [8, 12, 16]  # 256 // 32, // 64
-    for a, b in zip(summaries[0]["history"], summaries[1]["history"], strict=True):
-        assert {k: a[k] for k in keys} == {k: b[k] for k in keys}
-    name = "ckpt-0003.weights.h5"
-    assert_same_weights(whole / "checkpoints" / name, stopped / "checkpoints" / name, 20)

@@ -375,7 +375,8 @@ LONG_TESTS = {
         "(64 s when each ran in its own process)"
     ),
     "test_train_resume.py::test_sigterm_then_a_kill_and_the_reruns_end_as_an_uninterrupted_"
-    "run": f"{_RESUMES}: four AlexNet-BN runs (was two tests, 46 and 37 s)",
+    "run": f"{_RESUMES}: four AlexNet-BN runs in two --batch_schedule phases (was three "
+    "tests, 46, 37 and 58 s)",
     "test_train_accumulation.py::test_a_stop_inside_an_epoch_resumes_at_an_update_and_ends_as_"
     "the_uninterrupted_run": f"{_RESUMES}, with micro-batches (42 s at 6 epochs of 16x16)",
     "test_train_accumulation.py::test_on_the_jax_backend_too": (
@@ -384,8 +385,6 @@ LONG_TESTS = {
     "test_train_flags.py::test_two_replicas_train_and_evaluate_padded_batches": (
         "a tool run on two replicas, AlexNet-BN on records (28 s at 32x32, now 16x16)"
     ),
-    "test_batch_schedule_tool.py::test_sigterm_inside_the_second_phase_and_the_rerun_ends_as_"
-    "an_uninterrupted_run": f"{_RESUMES}, in phases (45 s at 16x16 and twice the batches)",
     "test_signals.py::test_sigterm_to_the_study_stops_its_running_cell_naming_it_and_a_rerun_"
     "resumes_it": "the study in three processes, signalled twice and rerun (45 s with ResNet-18)",
     "test_batch_study.py::test_tiny_sweep_writes_tables_and_plot_and_reuses_finished_cells": (
