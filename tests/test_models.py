@@ -36,13 +36,22 @@ def digits_batch(n=64):
     return np.repeat(x[..., None], 3, axis=-1), digits.target[:n]
 
 
-def _built_once(**kwargs):
-    """A module-scoped cache of models that tests only read (no training)."""
+def _built_once(stateless=False, **kwargs):
+    """A module-scoped cache of models that tests only read (no training).
+    `stateless`: built in a StatelessScope that leaves the variables
+    uninitialised (shapes, layers and names only: ResNet-152 in 0.75 s
+    instead of 4.8), as tools/train/build.variable_shapes builds them, and
+    the scope's list of variables to initialise later cleared at once."""
     cache = {}
 
     def get(builder):
         if builder not in cache:
-            cache[builder] = getattr(models, builder)(**kwargs)
+            if stateless:
+                with keras.StatelessScope(initialize_variables=False):
+                    cache[builder] = getattr(models, builder)(**kwargs)
+                keras.backend.clear_session(free_memory=False)
+            else:
+                cache[builder] = getattr(models, builder)(**kwargs)
         return cache[builder]
 
     yield get
@@ -51,8 +60,8 @@ def _built_once(**kwargs):
 
 @pytest.fixture(scope="module")
 def full_size():
-    """224x224, 1000-class models."""
-    yield from _built_once()
+    """224x224, 1000-class models, their variables uninitialised."""
+    yield from _built_once(stateless=True)
 
 
 @pytest.fixture(scope="module")
@@ -97,8 +106,8 @@ def test_alexnet_bn_parameter_count_by_hand(full_size):
     assert model.count_params() - expected == 2 * sum(c[2] for c in convs)
 
 
-def test_resnet50_forward_at_224(full_size):
-    model = full_size("resnet50")
+def test_resnet50_forward_at_224():
+    model = models.resnet50()
     sizes = {
         "conv1": 112,
         "pool1": 56,
