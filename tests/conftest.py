@@ -10,6 +10,7 @@ tests/tiers.py; the hooks below call it.
 """
 
 import atexit
+import gc
 import importlib.util
 import os
 import shutil
@@ -88,6 +89,17 @@ def pytest_ignore_collect(collection_path, config):
 @pytest.hookimpl(tryfirst=True)  # before -m deselects, and before xdist reads the groups
 def pytest_collection_modifyitems(config, items):
     tiers.classify(items, requires_jax)
+
+
+def pytest_collection_finish(session):
+    """Moves every object alive after collection (TensorFlow's, Keras's, JAX's
+    and the tools' modules: some 460,000 after the imports alone) into the
+    collector's permanent generation: each later collection (Keras's
+    clear_session runs one; the study runs one a cell) skips them, 0.05 s
+    instead of 0.26 after a fit of ResNet-20 in a fresh process, and more in a
+    worker whose heap grew. Modules and classes live as long as the process."""
+    gc.collect()
+    gc.freeze()
 
 
 @pytest.hookimpl(optionalhook=True)  # xdist's, on the controller
