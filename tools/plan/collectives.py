@@ -68,6 +68,7 @@ import keras
 from keras_lars import compat
 from keras_lars.models import BUILDERS
 from keras_lars.tools import layout_file
+from keras_lars.tools.shapes_only import built_shapes_only
 
 FLOAT_BYTES = 4
 LOSS_SCALARS = 3  # all-reduced every step: the loss's sum and weight, the sample count
@@ -108,9 +109,12 @@ def _elements(shape):
 
 @functools.cache
 def model_graph(name, image_size=224, num_classes=1000):
-    """The Nodes of keras_lars.models.BUILDERS[name], in order (built on the CPU)."""
+    """The Nodes of keras_lars.models.BUILDERS[name], in order (built on the
+    CPU for its shapes alone: shapes_only.built_shapes_only)."""
     with keras.device("cpu:0"):
-        model = BUILDERS[name](num_classes=num_classes, input_shape=(image_size, image_size, 3))
+        model = built_shapes_only(
+            lambda: BUILDERS[name](num_classes=num_classes, input_shape=(image_size, image_size, 3))
+        )
     nodes = []
     for layer in model.layers:
         if isinstance(layer, keras.layers.InputLayer):
@@ -128,7 +132,6 @@ def model_graph(name, image_size=224, num_classes=1000):
                 int(inputs[0].shape[-1]),
             )
         )
-    keras.backend.clear_session()
     return tuple(nodes)
 
 

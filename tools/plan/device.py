@@ -164,7 +164,8 @@ def profile_keras_model(model):
 
 @functools.cache
 def model_profile(name, image_size=224, num_classes=1000):
-    """Builds keras_lars.models.BUILDERS[name] on the CPU and profiles it."""
+    """Builds keras_lars.models.BUILDERS[name] on the CPU, its variables
+    uninitialised, and profiles it."""
     from keras_lars.models import BUILDERS  # before Keras: it loads it (keras_lars/_quiet.py)
 
     builder = BUILDERS[name]
@@ -172,11 +173,14 @@ def model_profile(name, image_size=224, num_classes=1000):
 
 
 def _on_cpu(builder, num_classes, input_shape):
-    """builder(num_classes=..., input_shape=...) built on the CPU."""
+    """builder(num_classes=..., input_shape=...) built on the CPU for its
+    shapes alone (no values drawn: shapes_only.built_shapes_only)."""
     import keras
 
+    from keras_lars.tools.shapes_only import built_shapes_only
+
     with keras.device("cpu:0"):
-        return builder(num_classes=num_classes, input_shape=input_shape)
+        return built_shapes_only(lambda: builder(num_classes=num_classes, input_shape=input_shape))
 
 
 def custom_profile(parameters, forward_flops, name="custom"):

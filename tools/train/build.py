@@ -4,6 +4,7 @@ import keras
 
 import keras_lars
 from keras_lars import models
+from keras_lars.tools.shapes_only import built_shapes_only
 
 
 def create_model(config, num_classes):
@@ -145,17 +146,9 @@ def learning_rate_schedule(config, length, num_train, rate_factor=1.0, phases=No
 
 
 def variable_shapes(config, num_classes):
-    """{path: shape} of the model's variables (a model built and dropped).
-
-    Built in a StatelessScope that leaves the variables uninitialised: no
-    initialiser draws the model's millions of values (Keras 3.8.0 and 3.15.1
-    checked, TensorFlow and JAX); clear_session() then drops the variables
-    the scope left registered for a later initialisation."""
-    try:
-        with keras.StatelessScope(initialize_variables=False):
-            model = create_model(config, num_classes)
-        shapes = {v.path: tuple(v.shape) for v in model.weights}
-    finally:
-        keras.backend.clear_session()
+    """{path: shape} of the model's variables (a model built for its shapes
+    alone and dropped: shapes_only.built_shapes_only)."""
+    model = built_shapes_only(lambda: create_model(config, num_classes))
+    shapes = {v.path: tuple(v.shape) for v in model.weights}
     keras.utils.set_random_seed(config.seed)
     return shapes
