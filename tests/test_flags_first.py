@@ -9,6 +9,8 @@ import sys
 
 import pytest
 
+from tests.launcher_tasks import slurm_env
+
 HEAVY = ("tensorflow", "jax", "keras")
 
 # console script, its module (python -m), a bad value and its line, a flag of its --help
@@ -232,3 +234,48 @@ def test_the_backend_read_without_keras_is_keras_s(tmp_path):
         guess, keras_s = (d.stdout.strip().split("\n")[-1].split() for d in done)
         assert guess[1] == "False", done[0].stderr
         assert guess[0] == keras_s[0], environment
+
+
+@pytest.mark.parametrize(
+    "argv, environment, line",
+    [
+        (
+            ["--strategy=multi_worker", "--cluster=slurm"],
+            {"SLURM_JOB_ID": "5"},
+            "error: --cluster=slurm: SLURM_PROCID, SLURM_STEP_NUM_TASKS, SLURM_STEP_NODELIST, "
+            "SLURM_STEP_TASKS_PER_NODE are not set: run the tool as a task of srun (see "
+            "docs/launchers.md)",
+        ),
+        (
+            ["--strategy=multi_worker"],
+            {},
+            "error: --strategy=multi_worker --cluster=auto: found no cluster here: TF_CONFIG is "
+            "not set and neither are SLURM's SLURM_JOB_ID and SLURM_PROCID (run it under srun); "
+            "set TF_CONFIG, or see docs/launchers.md",
+        ),
+        (
+            ["--backend=jax", "--num_processes=0"],
+            {**slurm_env(5, 0), "JAX_COORDINATOR_PORT": "abc"},
+            "error: --num_processes=0 (SLURM detected): JAX_COORDINATOR_PORT='abc' (the "
+            "coordinator's port under SLURM) is not a port, a whole number in [1, 65535]",
+        ),
+    ],
+)
+def test_a_start_outside_its_cluster_answers_before_keras_loads(
+    argv, environment, line, monkeypatch, tmp_path
+):
+    """The cluster's environment is checked with the flags
+    (tools/train/cluster.check_environment): outside srun, the tool ends in
+    its line at once, not after TensorFlow's 7 s start."""
+    for name in os.environ:
+        if name.startswith(("SLURM", "TF_CONFIG")):
+            monkeypatch.delenv(name)
+    for name, value in environment.items():
+        monkeypatch.setenv(name, value)
+    model_dir = tmp_path / "run"
+    status, _, lines, imported = _run(
+        "keras-lars-train", "keras_lars.tools.train", *argv, f"--model_dir={model_dir}"
+    )
+    assert (status, lines) == (1, [line])
+    assert _heavy(imported) == []
+    assert not model_dir.exists()

@@ -19,6 +19,7 @@ from absl import flags
 from keras_lars import _quiet
 from keras_lars.tools import settings
 from keras_lars.tools.settings import ConfigError
+from keras_lars.tools.train import cluster
 from keras_lars.tools.train.config import BACKENDS
 from keras_lars.tools.train.config import Config
 from keras_lars.tools.train.resolve import config_from_flags
@@ -75,14 +76,16 @@ def use_backend(wanted, module):
 
 def check_flags(values, given):
     """Exits with the line `main` would end with for flag values `values`
-    (names `given` on the command line) if one is bad; imports no Keras
-    (but for --recipe) and runs nothing."""
+    (names `given` on the command line) if one is bad, or if the cluster's
+    environment is (cluster.check_environment); imports no Keras (but for
+    --recipe) and runs nothing."""
     if not values["backend"]:
         problem = backend_problem(settings.keras_backend())
         if problem:
             sys.exit(problem)
     try:
-        config_from_flags(values, given)
+        config = config_from_flags(values, given)
+        cluster.check_environment(config, values["backend"] or settings.keras_backend())
     except ConfigError as error:
         sys.exit(f"error: {error}")
 

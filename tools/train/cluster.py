@@ -65,6 +65,7 @@ SLURM_JAX_VARIABLES = (
     "SLURM_LOCALID",
 )
 PORTS_PER_JOB = 16
+SLURM_DETECTED = "--num_processes=0 (SLURM detected)"  # the flag JAX's detection stands for
 
 
 def kind(cluster):
@@ -109,13 +110,7 @@ def slurm_tf_config(port_base=0):
     names a missing or invalid variable."""
     import tensorflow as tf
 
-    _require(SLURM_TF_VARIABLES)
-    task, tasks = _slurm_integers("SLURM_PROCID", "SLURM_STEP_NUM_TASKS")
-    if task >= tasks:
-        raise ConfigError(
-            f"--cluster=slurm: SLURM_PROCID={task} is not in [0, SLURM_STEP_NUM_TASKS={tasks})"
-        )
-    _check_node_count("SLURM_STEP_NUM_TASKS", tasks)
+    task, tasks = _slurm_tf_task()
     try:
         # One "GPU" a task and as many on a node as the step has tasks: the
         # resolver only numbers the ports with them (auto_set_gpu off).
@@ -148,6 +143,33 @@ def slurm_tf_config(port_base=0):
             "TF_CONFIG (--cluster=tf_config)"
         )
     return {"cluster": cluster, "task": {"type": task_type, "index": index}}
+
+
+def _slurm_tf_task():
+    """(SLURM_PROCID, SLURM_STEP_NUM_TASKS), each variable SlurmClusterResolver
+    reads set and consistent (ConfigError names the first that is not)."""
+    _require(SLURM_TF_VARIABLES)
+    task, tasks = _slurm_integers("SLURM_PROCID", "SLURM_STEP_NUM_TASKS")
+    if task >= tasks:
+        raise ConfigError(
+            f"--cluster=slurm: SLURM_PROCID={task} is not in [0, SLURM_STEP_NUM_TASKS={tasks})"
+        )
+    _check_node_count("SLURM_STEP_NUM_TASKS", tasks)
+    return task, tasks
+
+
+def check_environment(config, backend):
+    """The start's checks of the cluster's environment that need neither
+    TensorFlow nor JAX (the tool runs them before either loads, so that a
+    start outside srun ends at once, in the line the start would end with):
+    --strategy=multi_worker's cluster and SLURM's variables for TensorFlow's
+    resolver; on JAX (`backend`), --num_processes=0's detection of SLURM
+    (runtime_jax.processes_of)."""
+    if config.strategy == "multi_worker" and kind(config.cluster) == "slurm":
+        _slurm_tf_task()
+    detected = all(name in os.environ for name in SLURM_JAX_VARIABLES)
+    if backend == "jax" and config.num_processes == 0 and detected:
+        slurm_processes(flag=SLURM_DETECTED)
 
 
 def slurm_processes(flag="--cluster=slurm"):

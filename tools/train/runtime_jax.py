@@ -144,7 +144,7 @@ def processes_of(config):
             "process_id": config.process_id,
         }
     if all(name in os.environ for name in cluster.SLURM_JAX_VARIABLES):
-        return cluster.slurm_processes(flag="--num_processes=0 (SLURM detected)")
+        return cluster.slurm_processes(flag=cluster.SLURM_DETECTED)
     try:
         from jax._src.clusters import ClusterEnv
 
