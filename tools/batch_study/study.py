@@ -97,18 +97,13 @@ class CellSettings:
     batch_schedule: str = ""  # a batch-control cell's phases
     batch_coupling: str = train.Config.batch_coupling
     gradient_accumulation_steps: int = 1  # from --max_micro_batch_size
-    # A cell trains at its fixed batch (or its batch-control phases): the
-    # study counts steps and examples at it. The tool's --adaptive_batch and
-    # its settings are not the study's flags.
-    adaptive_batch: str = train.Config.adaptive_batch
-    adaptive_batch_every_epochs: int = train.Config.adaptive_batch_every_epochs
-    adaptive_batch_min: int = train.Config.adaptive_batch_min
-    adaptive_batch_max: int = train.Config.adaptive_batch_max
-    adaptive_batch_growth: float = train.Config.adaptive_batch_growth
-    adaptive_batch_target: float = train.Config.adaptive_batch_target
 
 
-PER_CELL = tuple(field.name for field in dataclasses.fields(CellSettings))
+# A cell trains at its fixed batch (or its batch-control phases): the study
+# counts steps and examples at it. The tool's --adaptive_batch settings, all of
+# them, are not the study's flags, and stay at the tool's defaults (off).
+ADAPTIVE = tuple(f.name for f in dataclasses.fields(train.Config) if f.name.startswith("adaptive"))
+PER_CELL = tuple(field.name for field in dataclasses.fields(CellSettings)) + ADAPTIVE
 
 
 # --- optimizer=value pairs of a training tool's setting ----------------------------------
