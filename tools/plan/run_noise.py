@@ -111,21 +111,14 @@ def study_ratio(directory, optimizer, batch):
             f"{flag}: {found.path}: the fit of {optimizer} has S_min {s_min:g}, E_min "
             f"{e_min:g}: no finite B_crit to take a ratio of."
         )
-    path = os.path.join(directory, NOISE_FILE)
-    if not os.path.lexists(path):
-        raise ConfigError(
-            f"{flag}: {path}: missing: the study measured no noise scale at fixed weights "
-            "(keras-lars-study --noise_batch_sizes), so no ratio B_crit / B_simple for "
-            "--target_noise_from_run."
-        )
-    document = target_curve.read_json(flag, path)
-    row = target_curve.checked(flag, path, _nearest_goal, document, optimizer, batch)
-    if row is None:
-        raise ConfigError(
-            f"{flag}: {path}: no fixed-weight measurement of {optimizer} (rows with a "
-            "noise_scale): no ratio B_crit / B_simple for it."
-        )
-    scale, low, high, measured_batch, fraction = row
+    path, rows = noise_rows(
+        directory, optimizer, "no ratio B_crit / B_simple", "--target_noise_from_run"
+    )
+    # the highest fraction of the steps to the goal, then the batch nearest
+    # `batch` (log scale), then the larger
+    scale, low, high, measured_batch, fraction = max(
+        rows, key=lambda r: (r[4], -abs(math.log(r[3] / batch)), r[3])
+    )
     b_crit = e_min / s_min
     study = found.document["study"]
     goal = ""
@@ -149,11 +142,33 @@ def study_ratio(directory, optimizer, batch):
     )
 
 
-def _nearest_goal(document, optimizer, batch):
-    """(B_simple, low, high, batch, fraction) of `optimizer`'s row at the
-    highest fraction of the steps to the goal, at the batch nearest `batch`
-    (log scale); None where it has none. Rows without a noise_scale (a null:
-    not resolved) are not measurements."""
+def noise_rows(directory, optimizer, missing, needed_by):
+    """(path, rows): the study's noise_scales.json and `optimizer`'s
+    fixed-weight measurements in it, each (B_simple, low, high, batch,
+    fraction), in the file's order; rows without a noise_scale (a null: not
+    resolved) are not measurements. A ConfigError naming the file where it
+    is missing or holds none: then `missing` (what cannot be had) for
+    `needed_by` (the flag that needs it)."""
+    flag = f"--target_study={directory}"
+    path = os.path.join(directory, NOISE_FILE)
+    if not os.path.lexists(path):
+        raise ConfigError(
+            f"{flag}: {path}: missing: the study measured no noise scale at fixed weights "
+            f"(keras-lars-study --noise_batch_sizes), so {missing} for {needed_by}."
+        )
+    document = target_curve.read_json(flag, path)
+    rows = target_curve.checked(flag, path, _measurements, document, optimizer)
+    if not rows:
+        raise ConfigError(
+            f"{flag}: {path}: no fixed-weight measurement of {optimizer} (rows with a "
+            f"noise_scale): {missing} for it."
+        )
+    return path, rows
+
+
+def _measurements(document, optimizer):
+    """[(B_simple, low, high, batch, fraction)] of `optimizer`'s rows with a
+    noise_scale, each field checked."""
     rows = document.get("rows") if isinstance(document, dict) else None
     if not isinstance(rows, list):
         raise untrusted_json.UntrustedFileError('"rows": not a list of measurements')
@@ -174,9 +189,7 @@ def _nearest_goal(document, optimizer, batch):
         measured = untrusted_json.integer(row, "batch_size", where=where)
         fraction = untrusted_json.number(row, "fraction", positive=False, where=where)
         found.append((scale, low, high, measured, fraction))
-    if not found:
-        return None
-    return max(found, key=lambda r: (r[4], -abs(math.log(r[3] / batch)), r[3]))
+    return found
 
 
 def measured_point(options, summary, name):
