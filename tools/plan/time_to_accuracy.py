@@ -383,12 +383,23 @@ def _notes(cells, curve):
     return notes
 
 
-def report(options, duration, given=frozenset()):
-    """The time-to-accuracy report (None: no curve flag given); `duration`
-    formats seconds; `given`: the names of the flags on the command line."""
-    if options.target_noise_from_run:  # the run's model, by the study's ratio
+@dataclasses.dataclass(frozen=True)
+class Table:
+    """The grid planned: its curve, Planned, device counts and cells."""
+
+    curve: object
+    plan: Planned
+    counts: tuple
+    cells: list
+
+
+def table(options, given=frozenset(), curve=None):
+    """The Table of the flags (None: no curve flag given); `curve`: the
+    StepsCurve already read, else the flags'; `given`: the names of the flags
+    on the command line."""
+    if curve is None and options.target_noise_from_run:  # the run's model, by the study's ratio
         curve = run_noise.run_noise_curve(options)
-    else:
+    elif curve is None:
         curve = target_curve.curve(options)
     if curve is None:
         if options.from_run:
@@ -405,9 +416,21 @@ def report(options, duration, given=frozenset()):
             f"devices grid: not with {', '.join(others)}."
         )
     plan = planned(options, curve, given)
+    counts = columns(plan.options, plan.line, given)
+    return Table(curve, plan, counts, grid(plan.options, curve, counts, plan.line))
+
+
+def report(options, duration, given=frozenset()):
+    """The time-to-accuracy report (None: no curve flag given); `duration`
+    formats seconds; `given`: the names of the flags on the command line."""
+    found = table(options, given)
+    return None if found is None else table_text(found, duration, given)
+
+
+def table_text(found, duration, given=frozenset()):
+    """The report of the Table `found`."""
+    curve, plan, counts, cells = found.curve, found.plan, found.counts, found.cells
     options = plan.options
-    counts = columns(options, plan.line, given)
-    cells = grid(options, curve, counts, plan.line)
     lines = [
         f"time to {curve.target or 'the target'}: {curve.equation()}",
         f"curve     {curve.source}",
