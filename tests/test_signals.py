@@ -1,5 +1,7 @@
-"""Signals to a real child process of the tools: each
-stops the run after a checkpoint with exit 75 and one line, losing nothing."""
+"""Signals to a real child process of the study: each stops the cell it
+trains after a checkpoint with exit 75 and one line, losing nothing. (The
+training tool's own: SIGHUP in test_train_resume, SIGTERM in
+test_train_accumulation, test_train_cluster and test_train_jax.)"""
 
 import os
 import signal
@@ -14,29 +16,6 @@ from tests.processes import CHILD_TIMEOUT
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TIMEOUT = CHILD_TIMEOUT
 
-# The simple CNN (327k parameters) on the 8x8 digits: 22 steps an epoch, a
-# checkpoint every 2. Its steps take milliseconds: the run is long enough
-# never to end before the signal that stops it (a failed stop waits for it).
-SMALL = [
-    "--model=simple_cnn",
-    "--global_batch_size=64",
-    "--train_epochs=200",
-    "--warmup_epochs=0",
-    "--checkpoint_every_steps=2",
-]
-
-
-def start(module, args):
-    """`python -m module args` in the background, its output piped."""
-    return subprocess.Popen(
-        [sys.executable, "-m", module, *args],
-        cwd=ROOT,
-        env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-
 
 def wait_for_a_step_checkpoint(process, directory):
     """Returns once `directory` holds a checkpoint taken inside an epoch."""
@@ -46,26 +25,6 @@ def wait_for_a_step_checkpoint(process, directory):
             return
         time.sleep(0.05)
     raise AssertionError(f"no step checkpoint in {directory} (exit {process.poll()})")
-
-
-def test_sighup_checkpoints_and_exits_75_like_sigterm(tmp_path):
-    model_dir = tmp_path / "run"
-    victim = start("keras_lars.tools.train", [*SMALL, f"--model_dir={model_dir}"])
-    try:
-        wait_for_a_step_checkpoint(victim, model_dir / "checkpoints")
-        victim.send_signal(signal.SIGHUP)  # the ssh session closed
-        _, stderr = victim.communicate(timeout=TIMEOUT)
-    finally:
-        if victim.poll() is None:
-            victim.kill()
-            victim.wait()
-    assert victim.returncode == train.EXIT_PREEMPTED, stderr[-3000:]
-    assert "SIGHUP received: saving a checkpoint" in stderr
-    assert "preempted: stopped by SIGHUP" in stderr
-    assert "Traceback" not in stderr
-    assert not (model_dir / "summary.json").exists()
-    epoch, step = checkpoints.saved(str(model_dir / "checkpoints"))[-1]
-    assert f"checkpoint {checkpoints.stem(str(model_dir / 'checkpoints'), epoch, step)}" in stderr
 
 
 # One cell of the simple CNN: 8 epochs of 22 steps (all 1438 digits), at

@@ -1,13 +1,13 @@
 """The training tool on a multi-worker cluster on localhost (--strategy=multi_worker,
-TF_CONFIG): waiting for the cluster, preemption, a lost worker. Its bfloat16
-all-reduce is tests/test_launchers.py's (on the launchers' clusters).
+TF_CONFIG): preemption, a lost worker, an adaptive batch. Its bfloat16
+all-reduce is tests/test_launchers.py's (on the launchers' clusters); its wait
+for the cluster, tests/test_worker_start.py's.
 """
 
 import json
 import os
 import re
 import signal
-import socket
 import subprocess
 import time
 
@@ -89,39 +89,6 @@ def _finish(processes):
     """(return codes, stderr texts); kills what is left on a timeout."""
     ended = processes_finish(processes, TIMEOUT)
     return [code for code, _, _ in ended], [err for _, _, err in ended]
-
-
-@pytest.mark.subprocess
-def test_a_worker_whose_peer_never_starts_says_so_and_times_out(tmp_path):
-    worker = _start_worker(
-        [f"--model_dir={tmp_path / 'run'}", "--worker_start_timeout_minutes=0.01"],
-        free_ports(2),
-        0,
-    )
-    codes, errors = _finish([worker])
-    assert codes == [1], errors[0][-3000:]
-    last = errors[0].strip().splitlines()[-1]
-    assert last.startswith("error: --worker_start_timeout_minutes=0.01: 1 of the 1 other tasks")
-    assert "worker 1 (localhost:" in last and "did not start within 0.6 s" in last
-    assert not (tmp_path / "run").exists()  # nothing was written
-
-
-@pytest.mark.subprocess
-def test_sigterm_stops_a_worker_waiting_for_its_peer(tmp_path):
-    ports = free_ports(2)
-    worker = _start_worker([f"--model_dir={tmp_path / 'run'}"], ports, 0)
-    deadline = time.time() + TIMEOUT
-    while time.time() < deadline and worker.poll() is None:  # listening on its own port
-        try:
-            socket.create_connection(("localhost", ports[0]), timeout=1).close()
-            break
-        except OSError:
-            time.sleep(0.2)
-    worker.send_signal(signal.SIGTERM)
-    codes, errors = _finish([worker])
-    assert codes == [train.EXIT_PREEMPTED], errors[0][-3000:]
-    assert "SIGTERM received: stopping the wait for the other workers" in errors[0]
-    assert "preempted: stopped by SIGTERM while waiting for 1 of the 1 other tasks" in errors[0]
 
 
 @pytest.mark.multiworker

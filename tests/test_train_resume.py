@@ -1,6 +1,9 @@
-"""The training tool preempted and killed (SIGTERM, then SIGKILL) and run
+"""The training tool preempted and killed (SIGHUP, then SIGKILL) and run
 again across a --batch_schedule phase boundary: the resumed run ends as the
-uninterrupted one, bit for bit.
+uninterrupted one, bit for bit. SIGHUP (a closed terminal or ssh session)
+stops the run as SIGTERM does, through the same handler
+(tools/train/preemption.py); a real tool process gets SIGTERM in
+test_train_accumulation's stop inside an epoch.
 """
 
 import json
@@ -55,20 +58,20 @@ def uninterrupted(tmp_path_factory):
         process.wait()
 
 
-# --- SIGTERM, kill, resume ----------------------------------------------------------
-def test_sigterm_then_a_kill_and_the_reruns_end_as_an_uninterrupted_run(uninterrupted, tmp_path):
-    """SIGTERM inside the second epoch, the first of batch 64, saves a
-    checkpoint there (exit 75); the rerun resumes inside that epoch at the
-    second phase's batch and is killed (SIGKILL) as it starts the third; the
-    last rerun resumes after the second and ends as the uninterrupted run,
-    bit for bit. AlexNet-BN has dropout: the resumed epoch goes on with the
-    same masks (restored generator state) and the same batches (skipped, not
-    redrawn)."""
+# --- SIGHUP, kill, resume -----------------------------------------------------------
+def test_sighup_then_a_kill_and_the_reruns_end_as_an_uninterrupted_run(uninterrupted, tmp_path):
+    """SIGHUP inside the second epoch, the first of batch 64, saves a
+    checkpoint there (exit 75, one line naming it, no traceback); the rerun
+    resumes inside that epoch at the second phase's batch and is killed
+    (SIGKILL) as it starts the third; the last rerun resumes after the
+    second and ends as the uninterrupted run, bit for bit. AlexNet-BN has
+    dropout: the resumed epoch goes on with the same masks (restored
+    generator state) and the same batches (skipped, not redrawn)."""
     args = [*RESUMED, "--checkpoint_every_steps=2", f"--model_dir={tmp_path / 'run'}"]
     whole, wait = uninterrupted
     run = tmp_path / "run"
 
-    # SIGTERM inside the second epoch: a step checkpoint of it exists (the newest two are kept).
+    # SIGHUP inside the second epoch: a step checkpoint of it exists (the newest two are kept).
     victim = start_tool(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
     def inside_second_epoch():
@@ -77,12 +80,14 @@ def test_sigterm_then_a_kill_and_the_reruns_end_as_an_uninterrupted_run(uninterr
     deadline = time.time() + TIMEOUT
     while not inside_second_epoch() and victim.poll() is None and time.time() < deadline:
         time.sleep(0.05)
-    victim.send_signal(signal.SIGTERM)
+    victim.send_signal(signal.SIGHUP)  # the ssh session closed
     _, stderr = victim.communicate(timeout=TIMEOUT)
     assert victim.returncode == train.EXIT_PREEMPTED, stderr[-3000:]
-    assert "SIGTERM received" in stderr and "preempted: stopped by SIGTERM" in stderr
+    assert "SIGHUP received: saving a checkpoint" in stderr, stderr[-3000:]
+    assert "preempted: stopped by SIGHUP" in stderr and "Traceback" not in stderr
     epoch, step = checkpoints.saved(str(run / "checkpoints"))[-1]
     assert epoch == 1 and 2 <= step < 8, (epoch, step)  # inside the second epoch (8 steps)
+    assert f"checkpoint {checkpoints.stem(str(run / 'checkpoints'), epoch, step)}" in stderr
     assert not (run / "summary.json").exists()
 
     # The rerun, killed as its third epoch starts (Keras's line, flushed).

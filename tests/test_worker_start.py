@@ -3,8 +3,8 @@ TensorFlow road (wait_for_workers) a program that is not ours on the chief's
 or a missing worker's address is named, and a chief of another cluster is not
 joined; the training tool names a program on a peer's address, and TensorFlow's
 and jax.distributed's start of the workers is bounded by
---worker_start_timeout_minutes and stoppable by SIGINT and SIGTERM.
-Who gets in is tests/test_rendezvous.py."""
+--worker_start_timeout_minutes and stoppable by SIGINT and SIGTERM, as is
+its wait for a peer that never comes. Who gets in is tests/test_rendezvous.py."""
 
 import json
 import os
@@ -21,6 +21,7 @@ import keras_lars
 from keras_lars import rendezvous
 from keras_lars.rendezvous import messages
 from keras_lars.tools.benchmark_allreduce import free_ports
+from keras_lars.tools.train import EXIT_PREEMPTED
 from keras_lars.tools.train.config import Config
 from keras_lars.tools.train.process_start import shared_settings
 from tests.handshake import in_thread
@@ -173,6 +174,35 @@ def test_the_tool_names_a_program_on_a_peers_address(tmp_path):
         f"this run's task accepts connections at localhost:{ports[1]}"
     )
     assert not (tmp_path / "run").exists()
+
+
+def test_a_worker_whose_peer_never_starts_says_so_and_times_out(tmp_path):
+    worker = _tool_worker(
+        free_ports(2), 0, f"--model_dir={tmp_path / 'run'}", "--worker_start_timeout_minutes=0.01"
+    )
+    status, errors = _finish(worker)
+    assert status == 1, errors[-3000:]
+    last = errors.strip().splitlines()[-1]
+    assert last.startswith("error: --worker_start_timeout_minutes=0.01: 1 of the 1 other tasks")
+    assert "worker 1 (localhost:" in last and "did not start within 0.6 s" in last
+    assert not (tmp_path / "run").exists()  # nothing was written
+
+
+def test_sigterm_stops_a_worker_waiting_for_its_peer(tmp_path):
+    ports = free_ports(2)
+    worker = _tool_worker(ports, 0, f"--model_dir={tmp_path / 'run'}")
+    deadline = time.time() + TIMEOUT
+    while time.time() < deadline and worker.poll() is None:  # listening on its own port
+        try:
+            socket.create_connection(("localhost", ports[0]), timeout=1).close()
+            break
+        except OSError:
+            time.sleep(0.2)
+    worker.send_signal(signal.SIGTERM)
+    status, errors = _finish(worker)
+    assert status == EXIT_PREEMPTED, errors[-3000:]
+    assert "SIGTERM received: stopping the wait for the other workers" in errors
+    assert "preempted: stopped by SIGTERM while waiting for 1 of the 1 other tasks" in errors
 
 
 def _peer_that_never_starts_tensorflow(monkeypatch, ports, model_dir):

@@ -374,9 +374,9 @@ LONG_TESTS = {
         "every model family through the tool's main on records, ResNet-20 to its accuracy "
         "(64 s when each ran in its own process)"
     ),
-    "test_train_resume.py::test_sigterm_then_a_kill_and_the_reruns_end_as_an_uninterrupted_"
-    "run": f"{_RESUMES}: four AlexNet-BN runs in two --batch_schedule phases (was three "
-    "tests, 46, 37 and 58 s)",
+    "test_train_resume.py::test_sighup_then_a_kill_and_the_reruns_end_as_an_uninterrupted_"
+    "run": f"{_RESUMES}: four AlexNet-BN runs in two --batch_schedule phases (was four "
+    "tests, 46, 37, 58 and 10 s)",
     "test_train_accumulation.py::test_a_stop_inside_an_epoch_resumes_at_an_update_and_ends_as_"
     "the_uninterrupted_run": f"{_RESUMES}, with micro-batches (42 s at 6 epochs of 16x16)",
     "test_train_accumulation.py::test_on_the_jax_backend_too": (
@@ -434,9 +434,6 @@ LONG_TESTS = {
     "test_bad_input.py::test_a_non_finite_gradient_entry_stays_in_its_place_as_in_float32"
     "[float16]": "a float16 run through the tool, slow to trace on TensorFlow 2.17 (33 s; "
     "under 5 s)",
-    "test_signals.py::test_sighup_checkpoints_and_exits_75_like_sigterm": (
-        "a tool process signalled (29 s; 10 s)"
-    ),
     # Over 20 s on the oldest pair on a slower 2-core machine (oldest_ci, quiet, late 2026-12-07;
     # newest in brackets, the same machine):
     "test_train_jax.py::test_a_batch_schedule_runs_on_jax_at_the_closed_form_rate": (
