@@ -1,8 +1,9 @@
 """keras-lars-plan's command line: the flags (config.PlanSettings's), then
 the report (report.py), the records table (records_table.py), time to
-accuracy (time_to_accuracy.py) or --layout_out's file; `run` is the console
-script. The flags are parsed and checked before the planner's models are
-imported and before Keras loads: a bad flag or value is one line."""
+accuracy (time_to_accuracy.py, with an adaptive run: adaptive_plan.py) or
+--layout_out's file; `run` is the console script. The flags are parsed and
+checked before the planner's models are imported and before Keras loads: a
+bad flag or value is one line."""
 
 import os
 import sys
@@ -32,12 +33,18 @@ def run_options(options, given=frozenset()):
 
         print(records_text())
         return
+    from keras_lars.tools.plan import adaptive_plan
+    from keras_lars.tools.plan import time_to_accuracy
     from keras_lars.tools.plan.report import duration
     from keras_lars.tools.plan.report import report_text
-    from keras_lars.tools.plan.time_to_accuracy import report as time_to_accuracy_report
 
-    try:  # --target_study, --target_s_min or --target_noise_scale: time to accuracy instead
-        accuracy = time_to_accuracy_report(options, duration, given)
+    # --target_study, --target_s_min or --target_noise_scale: time to accuracy instead
+    # (with --adaptive_batch: and an adaptive run's)
+    accuracy_report = (
+        adaptive_plan.report if options.adaptive_batch != "off" else time_to_accuracy.report
+    )
+    try:
+        accuracy = accuracy_report(options, duration, given)
     except ConfigError as error:
         sys.exit(f"error: {error}")
     if accuracy:

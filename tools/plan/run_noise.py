@@ -18,6 +18,7 @@ the file and the field.
 import dataclasses
 import math
 import os
+import typing
 
 from keras_lars.tools import untrusted_json
 from keras_lars.tools.model_dir_names import NOISE_READINGS
@@ -36,6 +37,16 @@ class Reading:
     noise_scale: float
     standard_error: float
     where: str
+
+
+class Measurement(typing.NamedTuple):
+    """One fixed-weight measurement of a study's noise_scales.json."""
+
+    noise_scale: float
+    low: float
+    high: float
+    batch: int
+    fraction: float
 
 
 @dataclasses.dataclass(frozen=True)
@@ -145,7 +156,7 @@ def study_ratio(directory, optimizer, batch):
 def noise_rows(directory, optimizer, missing, needed_by):
     """(path, rows): the study's noise_scales.json and `optimizer`'s
     fixed-weight measurements in it, each (B_simple, low, high, batch,
-    fraction), in the file's order; rows without a noise_scale (a null: not
+    fraction) (a Measurement), in the file's order; rows without a noise_scale (a null: not
     resolved) are not measurements. A ConfigError naming the file where it
     is missing or holds none: then `missing` (what cannot be had) for
     `needed_by` (the flag that needs it)."""
@@ -188,7 +199,7 @@ def _measurements(document, optimizer):
             )
         measured = untrusted_json.integer(row, "batch_size", where=where)
         fraction = untrusted_json.number(row, "fraction", positive=False, where=where)
-        found.append((scale, low, high, measured, fraction))
+        found.append(Measurement(scale, low, high, measured, fraction))
     return found
 
 

@@ -1,12 +1,14 @@
 """keras-lars-plan's time-to-accuracy settings (tools/plan/time_to_accuracy.py),
 declared apart so that the planner's settings (config.PlanSettings) take them
 by inheritance: a steps-to-target curve (target_curve.py), the user's
-measured run, and the batch x devices grid."""
+measured run, the batch x devices grid, and an adaptive batch planned
+(adaptive_plan.py) with the training tool's own --adaptive_batch settings."""
 
 import dataclasses
 import math
 
 from keras_lars.tools.settings import setting
+from keras_lars.tools.train.config import Config as TrainConfig
 
 MAX_GRID = 32  # rows or columns
 
@@ -44,6 +46,75 @@ def _runs(value, config):
     if len(value) > MAX_GRID:
         return f"at most {MAX_GRID} runs"
     return None if all(value) else "an empty path"
+
+
+_TOOL = {field.name: field for field in dataclasses.fields(TrainConfig)}
+# flags that plan something else than one adaptive run's time to accuracy
+_NOT_ADAPTIVE = (
+    "target_noise_from_run",
+    "batch_schedule",
+    "image_size_schedule",
+    "layers",
+    "layout_out",
+    "records",
+)
+
+
+def _adaptive_problem(value, config):
+    """--adaptive_batch: planned from a study, one batch to start at and a
+    largest one, and nothing it cannot honour."""
+    if value == "off":
+        return None
+    others = [f"--{name}" for name in _NOT_ADAPTIVE if getattr(config, name)]
+    if others:
+        return f"plans one adaptive run's time to accuracy: not with {', '.join(others)}"
+    if not config.target_study:
+        return (
+            "plans from a steps-to-target study's fit and noise scale: give --target_study "
+            "(its fit.json and noise_scales.json) and --target_optimizer"
+        )
+    if not config.global_batch_size:
+        return "needs --global_batch_size, the batch to start at (as keras-lars-train's)"
+    if not config.adaptive_batch_max:
+        return "needs --adaptive_batch_max, the largest global batch to grow to"
+    return None
+
+
+def _adaptive_bound(name):
+    """--adaptive_batch_min / _max: 0 (min: --global_batch_size) or a batch,
+    min <= the start <= max, as keras-lars-train's."""
+
+    def problem(value, config):
+        if value < 0:
+            return "must be >= 0"
+        low, high, start = (
+            config.adaptive_batch_min,
+            config.adaptive_batch_max,
+            config.global_batch_size,
+        )
+        if name == "min" and high and low > high:
+            return f"exceeds --adaptive_batch_max={high}"
+        if name == "min" and start and low > start:
+            return f"exceeds --global_batch_size={start}, the batch to start at"
+        if name == "max" and value and value < start:
+            return f"is below --global_batch_size={start}, the batch to start at"
+        return None
+
+    return problem
+
+
+def _tool_setting(name, check=None, before=""):
+    """keras-lars-train's setting `name` as the planner's flag: the tool's
+    default, help (after `before`) and choices, one declaration for both;
+    its check, unless `check` (where the tool's reads settings the planner
+    has not)."""
+    found = _TOOL[name]
+    return setting(
+        found.default,
+        before + found.metadata["help"],
+        choices=found.metadata["choices"],
+        check=check or found.metadata["check"],
+    )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -134,3 +205,16 @@ class TargetSettings:
         "runs', the study's host: 1), else --devices' default.",
         check=_counts,
     )
+    adaptive_batch: str = _tool_setting(
+        "adaptive_batch",
+        _adaptive_problem,
+        "Plan an adaptive-batch run's time to accuracy beside the grid (from --target_study's "
+        "fit and its noise scale along the run, noise_scales.json; the rule sets the rate, "
+        "which the plan takes as tuned: it plans the same steps under each), starting at "
+        "--global_batch_size. keras-lars-train's: ",
+    )
+    adaptive_batch_every_epochs: int = _tool_setting("adaptive_batch_every_epochs")
+    adaptive_batch_min: int = _tool_setting("adaptive_batch_min", _adaptive_bound("min"))
+    adaptive_batch_max: int = _tool_setting("adaptive_batch_max", _adaptive_bound("max"))
+    adaptive_batch_growth: float = _tool_setting("adaptive_batch_growth")
+    adaptive_batch_target: float = _tool_setting("adaptive_batch_target")

@@ -218,6 +218,7 @@ def _with_model(options, model, image_size, origin):
             layers=False,
             batch_schedule="",
             image_size_schedule="",
+            adaptive_batch="off",  # the grid's cells: fixed batches
         )
     except ConfigError as error:
         raise ConfigError(f"{origin}: planning {model} at {image_size}: {error}") from None
@@ -464,7 +465,7 @@ def table_text(found, duration, given=frozenset()):
         lines.append("no cell of the grid can run")
         return "\n".join(lines)
     for name, c in (("fastest ", fastest), ("cheapest", cheapest)):
-        lines.append(f"{name}  {_answer(c, curve, plan, duration)}")
+        lines.append(f"{name}  {answer(c, curve, plan, duration)}")
     return "\n".join(lines)
 
 
@@ -476,7 +477,7 @@ def _columns_source(options, plan, given):
     return "--devices" + ("" if "devices" in given else "' default; --target_devices for a sweep")
 
 
-def _answer(c, curve, plan, duration):
+def answer(c, curve, plan, duration):
     """One answer line: the cell, its time and device-hours, where its steps come from."""
     steps = (
         f"{_steps_text(c.steps)} steps measured"
