@@ -7,6 +7,7 @@ import copy
 import dataclasses
 import itertools
 import math
+import os
 
 import pytest
 from scipy import integrate
@@ -392,3 +393,24 @@ def test_a_run_of_too_many_decisions_is_refused_before_planning(tmp_path, monkey
     )
     monkeypatch.setattr(adaptive_plan, "MAX_DECISIONS", 300)
     assert adaptive_plan.report(options, duration).startswith("time to accuracy 0.9 of ")
+
+
+# --- the page -------------------------------------------------------------------------------
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def test_the_planning_pages_example_is_what_the_planner_prints(tmp_path):
+    """docs/planning.md's adaptive example: its command run on the study it
+    describes, its lines the report's from the adaptive run's first."""
+    with open(os.path.join(ROOT, "docs", "planning.md")) as f:
+        page = f.read()
+    block = page.split("<!-- adaptive batch example")[1].split("```\n", 1)[1].split("```\n")[0]
+    command, printed = block.split("\n...\n")
+    study, run = _study(tmp_path, points=SHAPED), write_run(tmp_path / "run")
+    flags = command.replace("STUDY", study).replace("RUN", run).split()
+    assert flags[:2] == ["$", "keras-lars-plan"]
+    assert flags[2:] == list(_flags(study, run))
+    status, out, err = run_plan(*flags[2:])
+    assert status == 0 and err == "", err
+    shown = out[out.index("\nadaptive  --") + 1 :].replace(study, "STUDY")
+    assert printed == shown

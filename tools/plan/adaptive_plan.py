@@ -355,6 +355,6 @@ def _column_lines(column, found, duration):
     for d in changed:
         lines.append(
             f"    epoch {d.epoch} (step {d.step:,}, {d.progress:.3f}): B_simple "
-            f"{d.noise_scale:,.4g}: {d.batch:,} -> {d.new_batch:,}"
+            f"{d.noise_scale:,.6g}: {d.batch:,} -> {d.new_batch:,}"
         )
     return lines
