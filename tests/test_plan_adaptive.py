@@ -246,14 +246,14 @@ def test_the_program_plans_the_adaptive_run_beside_the_fixed_grid(tmp_path):
         "goal in epoch 13; steps by batch 128: 39, 256: 19, 400: 121; each batch's step as "
         "the grid's)"
     ) in lines
-    assert "B_simple  of lars at batch 1,024 (the measured batch nearest the start) by " in out
     assert (
-        f"{study}/noise_scales.json rows' fraction: noise_scale 0: 400; piecewise linear, "
-        "constant beyond; its mean over the run 400"
-    ) in out
+        "B_simple  of lars at batch 1,024 (the measured batch nearest the start) by progress p "
+        f"to the goal, from {study}/noise_scales.json (rows' fraction: noise_scale): 0: 400; "
+        "piecewise linear, constant beyond; its mean over the run 400"
+    ) in lines
     assert (
         "B_crit    at p = 800 x B_simple(p) / 400: the fit's E_min / S_min (fit.json "
-        "fits.lars) shaped by B_simple, so that a fixed batch B takes the fit's S(B)"
+        "fits.lars) shaped by B_simple, so that a fixed batch B takes the curve's S(B)"
     ) in lines
     # The fixed batches of the same column (256 .. 4,096): by the fit 256 takes 206.25 steps,
     # 52,800 examples (<= 58,256), 512 128.125 steps, 65,600 examples (more); a step
@@ -274,6 +274,52 @@ def test_the_program_plans_the_adaptive_run_beside_the_fixed_grid(tmp_path):
         "adaptive  on 3 devices: -: 3 devices do not divide --global_batch_size, "
         "--adaptive_batch_min and _max (each batch is a multiple of the devices)"
     ) in out.splitlines()
+
+
+def test_the_users_noise_curve_with_given_steps(tmp_path):
+    """--adaptive_noise_curve with --target_s_min and --target_b_crit, on
+    --examples: the constant B_simple 400 worked by hand above (179 steps,
+    58,256 examples), timed on a custom model of 1,000 images/s a device
+    (no fixed time, one device: no all-reduce): 58.256 s."""
+    flags = (
+        "--target_s_min=50",
+        "--target_b_crit=800",
+        "--examples=5000",
+        "--model=custom",
+        "--parameters=1000000",
+        "--forward_gflops=1",
+        "--images_per_second=1000",
+        "--fixed_step_ms=0",
+        "--devices=1",
+        "--devices_per_node=1",
+        "--adaptive_batch=linear",
+        "--global_batch_size=128",
+        "--adaptive_batch_max=4096",
+        "--adaptive_noise_curve=0.5:400",
+    )
+    status, out, err = run_plan(*flags)
+    assert status == 0 and err == "", err
+    lines = out.splitlines()
+    assert (
+        "B_simple  by progress p to the goal, from --adaptive_noise_curve (fraction: B_simple): "
+        "0.5: 400; piecewise linear, constant beyond; its mean over the run 400"
+    ) in lines
+    assert (
+        "B_crit    at p = 800 x B_simple(p) / 400: the curve's E_min / S_min (its line above) "
+        "shaped by B_simple, so that a fixed batch B takes the curve's S(B)"
+    ) in lines
+    adaptive = next(line for line in lines if line.startswith("adaptive  on 1 device: "))
+    assert adaptive.startswith("adaptive  on 1 device: 58 s, 0.0162 device-hours (179 steps, ")
+    assert "58,256 examples, the goal in epoch 13; steps by batch 128: 39, 256: 19, 400: 121" in (
+        adaptive
+    )
+    assert "deciding every 1 epoch of 5,000 examples (--examples)" in out
+    # with a study, the user's curve replaces its noise_scales.json (here: none)
+    bare = write_study(tmp_path / "bare", rows=None, fit=SMALL)
+    run = write_run(tmp_path / "run")
+    status, out, err = run_plan(*_flags(bare, run, "--adaptive_noise_curve=0:400"))
+    assert status == 0 and err == "", err
+    assert "179 steps, 58,256 examples, the goal in epoch 13" in out
 
 
 def test_the_measured_batch_nearest_the_start_gives_the_curve(tmp_path):
@@ -320,10 +366,29 @@ def test_bad_settings_are_one_line(tmp_path):
         "error: --adaptive_batch=adascale: plans one adaptive run's time to accuracy: not with "
         "--target_noise_from_run."
     )
-    assert _error("--adaptive_batch=sqrt", "--target_s_min=50", "--target_b_crit=800") == (
-        "error: --adaptive_batch=sqrt: plans from a steps-to-target study's fit and noise "
-        "scale: give --target_study (its fit.json and noise_scales.json) and --target_optimizer."
+    assert _error("--adaptive_batch=sqrt", "--global_batch_size=64") == (
+        "error: --adaptive_batch=sqrt: plans from steps to the target and a noise-scale curve: "
+        "give --target_study (its fit.json, and its noise_scales.json unless "
+        "--adaptive_noise_curve), or --target_s_min or --target_noise_scale with "
+        "--adaptive_noise_curve."
     )
+    assert _error("--adaptive_batch=sqrt", "--target_s_min=50", "--target_b_crit=800") == (
+        "error: --adaptive_batch=sqrt: needs B_simple along the run: --target_study's "
+        "noise_scales.json, or --adaptive_noise_curve."
+    )
+    for curve, why in (
+        ("0:100,x", "'x' is not FRACTION:B_SIMPLE"),
+        ("0:100,0.5", "'0.5' is not FRACTION:B_SIMPLE"),
+        ("-0.5:100", "'-0.5:100': the fraction must be a finite number >= 0"),
+        ("0:100,1:0", "'1:0': B_simple must be a finite number > 0"),
+        ("0:nan", "'0:nan': B_simple must be a finite number > 0"),
+        ("0:100,1:inf", "'1:inf': B_simple must be a finite number > 0"),
+        ("0:100,0.0:200", "fraction 0 given twice"),
+    ):
+        assert _error(*flags, f"--adaptive_noise_curve={curve}") == (
+            f"error: --adaptive_noise_curve={curve}: must be FRACTION:B_SIMPLE pairs separated "
+            f"by commas, e.g. 0:100,1:900: {why}."
+        )
     assert _error(f"--target_study={study}", "--adaptive_batch=none") == (
         "error: --adaptive_batch=none: needs --global_batch_size, the batch to start at (as "
         "keras-lars-train's)."

@@ -6,7 +6,8 @@ along the chosen run (noise_scales.json, tools/batch_study/noise_along.py).
 Progress phi in [0, 1] is the fraction of the way to the goal. The study's
 B_simple(phi) is its measured points for the optimizer (the rows' fraction
 and noise_scale, at the measured batch nearest the start; rows without a
-noise_scale are not measurements), piecewise linear between them and
+noise_scale are not measurements), or the user's (--adaptive_noise_curve,
+with any source of S_min and B_crit), piecewise linear between them and
 constant beyond the first and the last. Its SHAPE gives the critical batch
 along the run, the fit's B_crit = E_min / S_min its SCALE:
 
@@ -53,6 +54,7 @@ from keras_lars.adaptive_batch import next_batch_size
 from keras_lars.tools.plan import run_noise
 from keras_lars.tools.plan import target_curve
 from keras_lars.tools.plan import time_to_accuracy as tta
+from keras_lars.tools.plan.target_flags import parse_noise_curve
 from keras_lars.tools.settings import ConfigError
 
 MAX_DECISIONS = 10_000  # a run that could take more is refused before it is planned
@@ -285,7 +287,11 @@ def report(options, duration, given=frozenset()):
     """The time-to-accuracy report with the adaptive run of --adaptive_batch
     beside the grid's best fixed batches."""
     curve = target_curve.curve(options)
-    noise = study_noise(options.target_study, curve.optimizer, options.global_batch_size)
+    if options.adaptive_noise_curve:
+        fractions, values = zip(*parse_noise_curve(options.adaptive_noise_curve))
+        noise = NoiseCurve(fractions, values, path="--adaptive_noise_curve")
+    else:
+        noise = study_noise(options.target_study, curve.optimizer, options.global_batch_size)
     examples = curve.max_batch or options.examples
     where = "the study's fit.json study.train_examples" if curve.max_batch else "--examples"
     _check(options, curve, noise, examples, where)
@@ -308,14 +314,27 @@ def _source_lines(options, curve, noise, examples, where):
         f"at most x{options.adaptive_batch_growth:g} a decision (--adaptive_batch_growth), "
         f"target {options.adaptive_batch_target:g} x B_simple (--adaptive_batch_target), "
         f"deciding every {every} epoch{'s' if every > 1 else ''} of {examples:,} examples "
-        f"({where}); the rule sets the rate, which the fit takes as tuned",
-        f"B_simple  of {noise.optimizer} at batch {noise.batch:,} (the measured batch nearest "
-        f"the start) by progress p to the goal: {noise.path} rows' fraction: noise_scale "
-        f"{points}; piecewise linear, constant beyond; its mean over the run {noise.total:,.4g}",
-        f"B_crit    at p = {curve.b_crit:,.4g} x B_simple(p) / {noise.total:,.4g}: the fit's "
-        f"E_min / S_min (fit.json fits.{noise.optimizer}) shaped by B_simple, so that a fixed "
-        "batch B takes the fit's S(B)",
+        f"({where}); the rule sets the rate, which the curve takes as tuned",
+        f"B_simple  {_noise_source(noise)}: {points}; piecewise linear, constant beyond; its "
+        f"mean over the run {noise.total:,.4g}",
+        f"B_crit    at p = {curve.b_crit:,.4g} x B_simple(p) / {noise.total:,.4g}: the "
+        + (
+            f"fit's E_min / S_min (fit.json fits.{curve.optimizer})"
+            if curve.study
+            else "curve's E_min / S_min (its line above)"
+        )
+        + " shaped by B_simple, so that a fixed batch B takes the curve's S(B)",
     ]
+
+
+def _noise_source(noise):
+    """Where the B_simple curve comes from."""
+    if noise.batch:
+        return (
+            f"of {noise.optimizer} at batch {noise.batch:,} (the measured batch nearest the "
+            f"start) by progress p to the goal, from {noise.path} (rows' fraction: noise_scale)"
+        )
+    return f"by progress p to the goal, from {noise.path} (fraction: B_simple)"
 
 
 def _column_lines(column, found, duration):

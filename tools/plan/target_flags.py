@@ -68,15 +68,60 @@ def _adaptive_problem(value, config):
     others = [f"--{name}" for name in _NOT_ADAPTIVE if getattr(config, name)]
     if others:
         return f"plans one adaptive run's time to accuracy: not with {', '.join(others)}"
-    if not config.target_study:
+    if not (
+        config.target_study
+        or config.target_s_min
+        or config.target_b_crit
+        or config.target_e_min
+        or config.target_noise_scale
+    ):
         return (
-            "plans from a steps-to-target study's fit and noise scale: give --target_study "
-            "(its fit.json and noise_scales.json) and --target_optimizer"
+            "plans from steps to the target and a noise-scale curve: give --target_study (its "
+            "fit.json, and its noise_scales.json unless --adaptive_noise_curve), or "
+            "--target_s_min or --target_noise_scale with --adaptive_noise_curve"
+        )
+    if not config.target_study and not config.adaptive_noise_curve:
+        return (
+            "needs B_simple along the run: --target_study's noise_scales.json, or "
+            "--adaptive_noise_curve"
         )
     if not config.global_batch_size:
         return "needs --global_batch_size, the batch to start at (as keras-lars-train's)"
     if not config.adaptive_batch_max:
         return "needs --adaptive_batch_max, the largest global batch to grow to"
+    return None
+
+
+def parse_noise_curve(text):
+    """'0:100,0.5:400' -> ((0.0, 100.0), (0.5, 400.0)): (fraction of the way
+    to the goal, B_simple) by fraction; ValueError naming what is wrong."""
+    points = {}
+    for item in text.split(","):
+        item = item.strip()
+        fraction, colon, value = item.partition(":")
+        try:
+            fraction, value = float(fraction), float(value)
+        except ValueError:
+            raise ValueError(f"{item!r} is not FRACTION:B_SIMPLE") from None
+        if not colon or not math.isfinite(fraction) or fraction < 0:
+            raise ValueError(f"{item!r}: the fraction must be a finite number >= 0")
+        if not math.isfinite(value) or value <= 0:
+            raise ValueError(f"{item!r}: B_simple must be a finite number > 0")
+        if fraction in points:
+            raise ValueError(f"fraction {fraction:g} given twice")
+        points[fraction] = value
+    if len(points) > MAX_GRID:
+        raise ValueError(f"at most {MAX_GRID} points")
+    return tuple(sorted(points.items()))
+
+
+def _noise_curve(value, config):
+    if not value:
+        return None
+    try:
+        parse_noise_curve(value)
+    except ValueError as error:
+        return f"must be FRACTION:B_SIMPLE pairs separated by commas, e.g. 0:100,1:900: {error}"
     return None
 
 
@@ -208,10 +253,19 @@ class TargetSettings:
     adaptive_batch: str = _tool_setting(
         "adaptive_batch",
         _adaptive_problem,
-        "Plan an adaptive-batch run's time to accuracy beside the grid (from --target_study's "
-        "fit and its noise scale along the run, noise_scales.json; the rule sets the rate, "
+        "Plan an adaptive-batch run's time to accuracy beside the grid (from the steps to the "
+        "target and B_simple along the run: --target_study's noise_scales.json or "
+        "--adaptive_noise_curve; the rule sets the rate, "
         "which the plan takes as tuned: it plans the same steps under each), starting at "
         "--global_batch_size. keras-lars-train's: ",
+    )
+    adaptive_noise_curve: str = setting(
+        "",
+        "With --adaptive_batch: B_simple along the run, as fraction of the way to the goal: "
+        "B_simple pairs, e.g. 0:100,0.5:400,1:900 (piecewise linear, constant beyond the "
+        "ends), instead of --target_study's noise_scales.json; with any source of the steps "
+        "to the target (--target_study, --target_s_min or --target_noise_scale).",
+        check=_noise_curve,
     )
     adaptive_batch_every_epochs: int = _tool_setting("adaptive_batch_every_epochs")
     adaptive_batch_min: int = _tool_setting("adaptive_batch_min", _adaptive_bound("min"))
