@@ -403,14 +403,27 @@ def test_bad_settings_are_one_line(tmp_path):
     )
 
 
-def test_bad_studies_are_one_line(tmp_path):
+def test_bad_studies_are_one_line(tmp_path, monkeypatch, capsys):
     run = write_run(tmp_path / "run")
     bare = write_study(tmp_path / "bare", rows=None, fit=SMALL)
-    assert _error(*_flags(bare, run)) == (
+    missing = (
         f"error: --target_study={bare}: {bare}/noise_scales.json: missing: the study measured "
         "no noise scale at fixed weights (keras-lars-study --noise_batch_sizes), so no "
         "noise-scale curve for --adaptive_batch."
     )
+    assert _error(*_flags(bare, run)) == missing
+    # the same through the program's main, as the console script calls it
+    options = cli.PlanSettings(
+        target_study=bare,
+        target_optimizer="lars",
+        adaptive_batch="adascale",
+        global_batch_size=128,
+        adaptive_batch_max=4096,
+    )
+    with monkeypatch.context() as patched, pytest.raises(SystemExit) as stopped:
+        patched.setattr(cli.settings, "options_from_flags", lambda schema: options)
+        cli.main(["keras-lars-plan"])
+    assert stopped.value.code == missing and capsys.readouterr().out == ""
     other = write_study(tmp_path / "other", rows=rows((0.5, 100.0), optimizer="lamb"), fit=SMALL)
     assert _error(*_flags(other, run)) == (
         f"error: --target_study={other}: {other}/noise_scales.json: no fixed-weight measurement "
