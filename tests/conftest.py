@@ -117,6 +117,11 @@ def pytest_fixture_setup(fixturedef, request):
     return (yield from timing.fixture_timed(fixturedef, request))
 
 
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_teardown(item, nextitem):
+    return (yield from timing.cpu_teardown(item))
+
+
 def pytest_runtest_logreport(report):
     if _timing is not None:
         _timing.record(report)
@@ -149,6 +154,7 @@ def pytest_terminal_summary(terminalreporter):
 
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_setup(item):
+    timing.cpu_begins(item)
     return (yield from tiers.guarded(item))
 
 

@@ -2,6 +2,9 @@
 fixture from the reports pytest (or xdist's controller) sees, and the
 20-second rule against tests/tiers.py's LONG_TESTS."""
 
+import subprocess
+import sys
+import time
 import types
 
 import pytest
@@ -84,7 +87,10 @@ def test_a_parametrized_test_is_matched_with_its_parameters_and_without_its_grou
 
 def test_the_summary_names_totals_the_longest_and_the_unlisted():
     lines = TIMED.lines(wall=40.0, listed={"test_b.py::*": "why"}, top=2)
-    assert lines[0] == "timing: 3 tests, 59 s of worker time, 40 s wall (2 processes)"
+    assert lines[0] == (
+        "timing: 3 tests, 59 s of worker time, 0 s of CPU (workers and their child processes), "
+        "40 s wall (2 processes)"
+    )
     assert lines[1:4] == [
         "timing: the 2 longest tests (worker seconds, all phases):",
         f"     33.0  {RUNS}",
@@ -100,9 +106,11 @@ def test_the_summary_names_totals_the_longest_and_the_unlisted():
 
 def test_the_report_table_lists_every_module_and_the_long_tests():
     table = TIMED.table(wall=40.0, command="python -m pytest -n 2")
-    assert "- 3 tests (3 passed): 59 s of worker time, 40 s wall" in table
-    assert "| test_a.py | 2 | 34.0 | 57.6% |" in table
-    assert "| test_b.py | 1 | 25.0 | 42.4% |" in table
+    assert (
+        "- 3 tests (3 passed): 59 s of worker time, 0 s of CPU (workers and their child " in table
+    )
+    assert "| test_a.py | 2 | 34.0 | 57.6% | 0.0 |" in table
+    assert "| test_b.py | 1 | 25.0 | 42.4% | 0.0 |" in table
     assert "| test_a.py::runs | module | 29.0 |" in table
     assert "tmp_path" not in table  # fixtures under a second are left out
     assert f"| {SHORT} |" not in table  # tests under 5 s too
@@ -130,6 +138,55 @@ def test_a_fixtures_setup_seconds_go_to_the_test_that_ran_it():
         wrapper.send(None)
     [(name, (fixture, scope, seconds))] = item.user_properties
     assert (name, fixture, scope) == ("fixture_seconds", "runs", "module") and seconds >= 0
+
+
+def test_a_tests_cpu_seconds_come_from_its_teardown_report_per_test_and_module():
+    found = timing.Timing()
+    for nodeid, cpu in ((RUNS, 61.5), (SHORT, 0.5), (OTHER, 0.25)):
+        found.record(_report(nodeid, "setup", 1.0, properties=[("cpu_seconds", 99.0)]))
+        found.record(_report(nodeid, "call", 1.0))
+        found.record(_report(nodeid, "teardown", 0.0, properties=[("cpu_seconds", cpu)]))
+    assert dict(found.cpu) == {RUNS: 61.5, SHORT: 0.5, OTHER: 0.25}  # the setup's not counted
+    assert dict(found.module_cpu()) == {"test_a.py": 62.0, "test_b.py": 0.25}
+    table = found.table(wall=4.0, command="python -m pytest")
+    assert "- 3 tests (3 passed): 6 s of worker time, 62 s of CPU (workers and their " in table
+    assert "| test_a.py | 2 | 4.0 | 66.7% | 62.0 |" in table
+    assert found.lines(wall=4.0, listed={})[0] == (
+        "timing: 3 tests, 6 s of worker time, 62 s of CPU (workers and their child processes), "
+        "4 s wall (1 process)"
+    )
+
+
+def test_a_tests_cpu_seconds_hold_its_child_processes_and_its_own(tmp_path):
+    """The teardown wrapper records at least what a child it waited for says
+    it spent (its own process_time) plus what this process spent meanwhile."""
+    item = types.SimpleNamespace(user_properties=[])
+    timing.cpu_begins(item)
+    child = subprocess.run(
+        [sys.executable, "-c", BURN],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    )
+    own = time.process_time()
+    sum(range(2_000_000))
+    own = time.process_time() - own
+    wrapper = timing.cpu_teardown(item)
+    next(wrapper)
+    with pytest.raises(StopIteration):
+        wrapper.send(None)
+    [(name, seconds)] = item.user_properties
+    assert name == "cpu_seconds" and seconds >= float(child.stdout) + own
+
+
+# A child that spends 0.2 s of CPU and prints how much it spent.
+BURN = (
+    "import time\n"
+    "while time.process_time() < 0.2:\n"
+    "    sum(range(10000))\n"
+    "print(time.process_time())\n"
+)
 
 
 def test_every_long_test_listed_names_a_module_and_gives_a_reason():

@@ -6,8 +6,15 @@ CONTRIBUTING, "Tests").
 
 Worker time is what a test costs a process; wall time is the run's elapsed
 time, about the worker time over the processes when the units of work
-balance. A fixture's seconds are counted once, in the test whose setup ran it
-(a module-scoped fixture: the module's first test).
+balance. CPU time is what a test costs the machine: the user and system
+seconds of its worker (its threads too) and of the child processes it
+started and waited for (getrusage's RUSAGE_SELF and RUSAGE_CHILDREN), from
+its setup's start to its teardown's end. Worker seconds grow when tests run
+side by side on fewer cores than they use; CPU seconds do not, so they say
+where cutting pays (a test that waits on a timeout costs worker time and no
+CPU; one that runs two processes at once, twice its worker time). A
+fixture's seconds are counted once, in the test whose setup ran it (a
+module-scoped fixture: the module's first test).
 
 tests/conftest.py's hooks call this module: `fixture_timed` around each
 fixture's setup (in the process that runs the test), `record` for each report
@@ -25,6 +32,7 @@ import datetime
 import os
 import platform
 import re
+import resource
 import sys
 import time
 
@@ -35,6 +43,7 @@ UNLISTED_FAIL_SECONDS = 90.0
 SUMMARY_FROM_TESTS = 100
 TOP = 15
 _PROPERTY = "fixture_seconds"
+_CPU_PROPERTY = "cpu_seconds"
 
 
 class Timing:
@@ -45,6 +54,7 @@ class Timing:
         self.tests = collections.defaultdict(float)  # nodeid -> seconds (all phases)
         self.workers = {}  # nodeid -> the xdist worker that ran it
         self.fixtures = collections.defaultdict(float)  # (module, fixture, scope) -> seconds
+        self.cpu = collections.defaultdict(float)  # nodeid -> CPU seconds (worker + children)
         self.outcomes = collections.Counter()
 
     def record(self, report):
@@ -59,6 +69,8 @@ class Timing:
                 if name == _PROPERTY:
                     fixture, scope, seconds = value
                     self.fixtures[(module, fixture, scope)] += seconds
+                elif name == _CPU_PROPERTY:
+                    self.cpu[report.nodeid] += value
         if report.when == "call" or report.outcome != "passed":
             self.outcomes[report.outcome] += 1
 
@@ -70,6 +82,13 @@ class Timing:
             counts[_module(nodeid)] += 1
         order = sorted(seconds, key=seconds.get, reverse=True)
         return {module: (seconds[module], counts[module]) for module in order}
+
+    def module_cpu(self):
+        """{module: CPU seconds}."""
+        seconds = collections.defaultdict(float)
+        for nodeid, spent in self.cpu.items():
+            seconds[_module(nodeid)] += spent
+        return seconds
 
     def longest(self, count=None):
         """[(nodeid, seconds)], the longest first."""
@@ -91,6 +110,7 @@ class Timing:
         worker = sum(self.tests.values())
         found = [
             f"timing: {len(self.tests)} tests, {worker:.0f} s of worker time, "
+            f"{sum(self.cpu.values()):.0f} s of CPU (workers and their child processes), "
             f"{wall:.0f} s wall ({_processes(len(set(self.workers.values())))})",
             f"timing: the {top} longest tests (worker seconds, all phases):",
         ]
@@ -122,15 +142,20 @@ class Timing:
             f"- date: {datetime.date.today().isoformat()}; Python {platform.python_version()}, "
             f"{_versions()}; {os.cpu_count()} CPUs",
             f"- {len(self.tests)} tests ({_outcomes(self.outcomes)}): "
-            f"{worker:.0f} s of worker time, {wall:.0f} s wall",
+            f"{worker:.0f} s of worker time, {sum(self.cpu.values()):.0f} s of CPU (workers "
+            f"and their child processes), {wall:.0f} s wall",
             "",
             "## Modules",
             "",
-            "| module | tests | worker s | share |",
-            "|---|---:|---:|---:|",
+            "| module | tests | worker s | share | CPU s |",
+            "|---|---:|---:|---:|---:|",
         ]
+        cpu = self.module_cpu()
         for module, (spent, count) in self.modules().items():
-            out.append(f"| {module} | {count} | {spent:.1f} | {100 * spent / worker:.1f}% |")
+            out.append(
+                f"| {module} | {count} | {spent:.1f} | {100 * spent / worker:.1f}% "
+                f"| {cpu[module]:.1f} |"
+            )
         out += ["", "## Fixtures (setup seconds)", "", "| fixture | scope | s |", "|---|---|---:|"]
         fixtures = sorted(self.fixtures.items(), key=lambda pair: pair[1], reverse=True)
         for (module, fixture, scope), spent in fixtures:
@@ -140,10 +165,14 @@ class Timing:
             "",
             "## Tests over 5 s (worker seconds, all phases)",
             "",
-            "| test | s |",
-            "|---|---:|",
+            "| test | s | CPU s |",
+            "|---|---:|---:|",
         ]
-        out += [f"| {nodeid} | {spent:.1f} |" for nodeid, spent in self.longest() if spent > 5]
+        out += [
+            f"| {nodeid} | {spent:.1f} | {self.cpu[nodeid]:.1f} |"
+            for nodeid, spent in self.longest()
+            if spent > 5
+        ]
         return "\n".join(out) + "\n"
 
 
@@ -192,6 +221,34 @@ def fixture_timed(fixturedef, request):
         if item is not None:
             spent = time.monotonic() - begun
             item.user_properties.append((_PROPERTY, (fixturedef.argname, fixturedef.scope, spent)))
+
+
+def cpu_seconds():
+    """User + system seconds of this process and its waited-for children."""
+    own, children = (
+        resource.getrusage(who) for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN)
+    )
+    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
+
+
+_CPU_AT_SETUP = "_timing_cpu_at_setup"
+
+
+def cpu_begins(item):
+    """At a test's setup (pytest_runtest_setup): notes the CPU seconds so far."""
+    setattr(item, _CPU_AT_SETUP, cpu_seconds())
+
+
+def cpu_teardown(item):
+    """Wraps a test's teardown (pytest_runtest_teardown): records its CPU
+    seconds since its setup began on the test, which its teardown report
+    carries."""
+    try:
+        return (yield)
+    finally:
+        begun = getattr(item, _CPU_AT_SETUP, None)
+        if begun is not None:
+            item.user_properties.append((_CPU_PROPERTY, cpu_seconds() - begun))
 
 
 def finish(timing, config, listed):
