@@ -357,6 +357,16 @@ def test_the_settings_set_per_cell_are_not_flags(flag):
         batch_study.make_study(batch_study.StudySettings(), {flag: 1})
 
 
+@pytest.mark.parametrize("flag", batch_study.study.ADAPTIVE)
+def test_the_tools_adaptive_batch_settings_are_flags_of_the_adaptive_arm_only(flag):
+    # Study-wide flags (the tool's declarations), refused outside the arm
+    # (--mode=steps_to_target --search=quasi_random --adaptive_batch=RULE).
+    value = "adascale" if flag == "adaptive_batch" else "2"
+    culprit = "the adaptive arm runs in" if flag == "adaptive_batch" else "belongs to the adaptive"
+    with pytest.raises(train.ConfigError, match=f"^--{flag}(={value})?: {culprit}"):
+        parse(f"--{flag}={value}")
+
+
 def test_bad_batch_plans_are_refused_before_training():
     for argv, culprit in (
         (["--batch_sizes=32,2048"], "--batch_sizes=32,2048: 2048 exceeds"),

@@ -81,6 +81,7 @@ The parts, each using only those above it:
     target_search, target_results   the steps-to-target mode's grid search and its outputs
     quasi_search, quasi_results     its quasi-random search (--search=quasi_random)
     noise_along                     B_simple at fixed weights along the best trials' runs
+    adaptive_arm                    the adaptive batch's arm (--adaptive_batch) beside a fixed study
     target_runner                   run_target_study: either search, trial by trial
     cli          define_flags, study_from_flags, main, run (keras-lars-study)
 
@@ -123,6 +124,7 @@ _EXPORTS = {
 }
 _MODULE_OF = {name: module for module, names in _EXPORTS.items() for name in names}
 _SUBMODULES = (
+    "adaptive_arm",
     "cell_store",
     "cells",
     "cli",

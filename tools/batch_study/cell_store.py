@@ -16,7 +16,7 @@ from keras_lars.tools.storage import special_file
 
 # finite numbers in [0, 1] (the steps-to-target mode's best_val_accuracy too)
 FRACTIONS = (*ACCURACIES, "train_accuracy", "best_val_accuracy")
-COUNTS = ("steps", "examples", "budget_steps")  # whole numbers >= 1
+COUNTS = ("steps", "examples", "budget_steps", "budget_epochs")  # whole numbers >= 1
 
 
 def _value_problem(name, value):

@@ -65,14 +65,18 @@ def eval_interval(search, batch_size, num_train):
     return max(1, math.floor(search.eval_fraction * floor / batch_size))
 
 
+def point_values(search, index, point=None):
+    """(rate factor, 1 - momentum, warmup fraction, budget factor) of trial
+    `index`'s point u (`point`, default points()[index]) in the search space."""
+    u = points(search)[index] if point is None else point
+    return tuple(along(search, name, value) for name, value in zip(DIMENSIONS, u))
+
+
 def quasi_trial(study, optimizer, batch_size, index, seed, num_train, point=None):
     """Trial `index` of the search at (optimizer, batch) with `seed`
     (module docstring); `point`: its u (default: points()[index])."""
     search = study.search
-    u = points(search)[index] if point is None else point
-    rate, one_minus_momentum, warmup, budget_factor = (
-        along(search, name, value) for name, value in zip(DIMENSIONS, u)
-    )
+    rate, one_minus_momentum, warmup, budget_factor = point_values(search, index, point)
     budget = math.ceil(budget_steps(search, batch_size, num_train) * budget_factor)
     epoch = num_train // batch_size
     config = trial_config(

@@ -99,11 +99,12 @@ class CellSettings:
     gradient_accumulation_steps: int = 1  # from --max_micro_batch_size
 
 
-# A cell trains at its fixed batch (or its batch-control phases): the study
-# counts steps and examples at it. The tool's --adaptive_batch settings, all of
-# them, are not the study's flags, and stay at the tool's defaults (off).
+# The tool's --adaptive_batch settings: flags of the study, declared by the
+# tool, for the adaptive arm of --mode=steps_to_target --search=quasi_random
+# only (adaptive_arm.py); they stay out of the shared Config, whose cells train
+# at a fixed batch (or the batch-control phases), and go into the arm's trials.
 ADAPTIVE = tuple(f.name for f in dataclasses.fields(train.Config) if f.name.startswith("adaptive"))
-PER_CELL = tuple(field.name for field in dataclasses.fields(CellSettings)) + ADAPTIVE
+PER_CELL = tuple(field.name for field in dataclasses.fields(CellSettings))
 
 
 # --- optimizer=value pairs of a training tool's setting ----------------------------------
@@ -482,9 +483,17 @@ class StudySettings:
     )
     noise_scale_micro_batches: int = setting(
         8,
-        "steps_to_target: the micro-batches of the noise-scale run (the tool's "
+        "steps_to_target: the micro-batches of the noise-scale run, and of every trial of the "
+        "adaptive arm (--adaptive_batch), which measures B_simple from them (the tool's "
         "--gradient_accumulation_steps; without batch norm the run is the trial's).",
         check=at_least(2),
+    )
+    compare_study: str = setting(
+        "",
+        "steps_to_target --adaptive_batch: the directory of a fixed-batch quasi_random study "
+        "of the same target and evaluation split (its fit.json and steps_to_target.json, read "
+        "as untrusted) that comparison.csv sets the adaptive arm beside: the fixed batch of the "
+        "adaptive steps and its examples. Empty: no comparison.",
     )
     study_dir: str = setting(
         "runs/batch_study",
@@ -550,13 +559,17 @@ class TargetSearch:
     noise_micro_batch_size: int = 64
     noise_micro_batches: int = 8
     noise_groups: int = 32
+    adaptive: dict = dataclasses.field(default_factory=dict)  # the arm's ADAPTIVE settings; {}: off
+    compare_study: str = ""
 
     def protocol(self, shared):
         """What makes a store's trials one study's (check_protocol): the
-        search, its space, and the split the goal is read on."""
+        search, its space, the split the goal is read on, and the adaptive
+        arm's settings (a fixed-batch store has none)."""
         found = {"search": self.search}
         if self.search == "quasi_random":
             found.update({k: list(v) for k, v in self.ranges.items()}, search_seed=self.search_seed)
+        found.update(self.adaptive)
         found["validation_examples"] = shared.validation_examples
         found["validation_seed"] = shared.validation_seed
         return found
@@ -571,6 +584,9 @@ def make_study(own, shared, given=()):
     per_cell = sorted(set(shared) & set(PER_CELL))
     if per_cell:
         raise ConfigError(f"--{per_cell[0]} is set per cell by the study.")
+    adaptive = {name: shared[name] for name in ADAPTIVE if name in shared}
+    shared = {name: value for name, value in shared.items() if name not in ADAPTIVE}
+    _adaptive_flags(own, adaptive, given)
     search = _target_search(own, shared, given)
     shared = {**STUDY_DEFAULTS, **shared}
     if not shared.get("image_size") and shared.get("dataset", train.Config.dataset) == "digits":
@@ -588,6 +604,10 @@ def make_study(own, shared, given=()):
         raise ConfigError(
             f"{culprit}: the study trains its cells one after another in one process; "
             "give it the devices of one machine (--strategy=mirrored or --distribution)."
+        )
+    if search and adaptive.get("adaptive_batch", "off") != "off":
+        search = dataclasses.replace(
+            search, adaptive=_adaptive_arm(own, base, adaptive), compare_study=own.compare_study
         )
     strays = [name for name in own.control_optimizers if name not in own.optimizers]
     if strays:
@@ -697,3 +717,76 @@ def _target_search(own, shared, given):
         own.noise_micro_batches,
         own.noise_groups,
     )
+
+
+def _adaptive_flags(own, adaptive, given):
+    """ConfigError for the adaptive arm's flags out of place: any of them
+    (or --compare_study) without --adaptive_batch, or the arm outside
+    --mode=steps_to_target --search=quasi_random."""
+    rule = adaptive.get("adaptive_batch", "off")
+    if rule == "off":
+        stray = sorted(set(given) & set(ADAPTIVE)) or (["compare_study"] * bool(own.compare_study))
+        if stray:
+            raise ConfigError(
+                f"--{stray[0]}: belongs to the adaptive arm: give --adaptive_batch "
+                "(with --mode=steps_to_target --search=quasi_random)."
+            )
+    elif own.mode != "steps_to_target" or own.search != "quasi_random":
+        raise ConfigError(
+            f"--adaptive_batch={rule}: the adaptive arm runs in --mode=steps_to_target "
+            "--search=quasi_random (its trials search the fixed arm's space)."
+        )
+
+
+def _adaptive_arm(own, base, adaptive):
+    """The adaptive arm's settings ({name: value} of ADAPTIVE), checked
+    against every start batch (--batch_sizes) and the micro-batches its
+    trials measure B_simple from (--noise_scale_micro_batches): as the
+    tool checks them, with the study's flags named."""
+    adaptive = {
+        name: adaptive.get(name, train.Config.__dataclass_fields__[name].default)
+        for name in ADAPTIVE
+    }
+    fixed = [name for name in ("noise_batch_sizes", "robustness_targets") if getattr(own, name)]
+    if fixed:
+        raise ConfigError(
+            f"--{fixed[0]}: belongs to the fixed-batch arm, not --adaptive_batch (whose trials "
+            "measure B_simple as they train and stop at the goal)."
+        )
+    listed = f"--batch_sizes={','.join(own.batch_sizes)}"
+    if FULL in own.batch_sizes:
+        raise ConfigError(f"{listed}: the adaptive arm starts at a number of images, not {FULL}.")
+    starts, high = sorted(map(int, own.batch_sizes)), adaptive["adaptive_batch_max"]
+    if not high:
+        raise ConfigError(
+            f"--adaptive_batch={adaptive['adaptive_batch']}: needs --adaptive_batch_max, the "
+            "largest global batch to grow to."
+        )
+    if high < starts[-1]:
+        raise ConfigError(
+            f"--adaptive_batch_max={high} is below the start batch {starts[-1]} of {listed}."
+        )
+    low = adaptive["adaptive_batch_min"]
+    if low > starts[0]:
+        raise ConfigError(
+            f"--adaptive_batch_min={low} is above the start batch {starts[0]} of {listed}."
+        )
+    k = own.noise_scale_micro_batches
+    strays = [b for b in (*starts, high) if b % k]
+    if strays:
+        raise ConfigError(
+            f"--noise_scale_micro_batches={k} does not divide {strays[0]} (of {listed} and "
+            "--adaptive_batch_max): the adaptive arm's batches are made of that many micro-batches."
+        )
+    limit = own.max_micro_batch_size
+    if limit and high // k > limit:
+        raise ConfigError(
+            f"--max_micro_batch_size={limit}: the adaptive arm's micro-batch reaches "
+            f"{high // k} images at --adaptive_batch_max={high} in --noise_scale_micro_batches="
+            f"{k}; raise --noise_scale_micro_batches."
+        )
+    for start in starts:  # the tool's checks (growth, target, min, ...), naming the flag
+        dataclasses.replace(
+            base, global_batch_size=start, gradient_accumulation_steps=k, **adaptive
+        )
+    return adaptive

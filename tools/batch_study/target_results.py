@@ -212,6 +212,11 @@ def study_header(study, config, num_train):
             noise_batch_sizes=list(search.noise_batch_sizes),
             noise_fractions=list(search.noise_fractions),
         )
+    if search.adaptive:  # the adaptive arm (adaptive_arm.py)
+        found.update(
+            adaptive=dict(search.adaptive, micro_batches=search.noise_scale_micro_batches),
+            compare_study=search.compare_study,
+        )
     found.update(weight_decay=config.weight_decay, end_learning_rate=config.end_learning_rate)
     return {"study": found}
 

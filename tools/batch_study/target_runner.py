@@ -20,6 +20,7 @@ import keras
 from keras_lars.tools import input_pipeline
 from keras_lars.tools import storage
 from keras_lars.tools import train
+from keras_lars.tools.batch_study import adaptive_arm
 from keras_lars.tools.batch_study.cell_store import append_record
 from keras_lars.tools.batch_study.cell_store import load_store
 from keras_lars.tools.batch_study.cells import resolve_batch_sizes
@@ -69,7 +70,7 @@ def trial_row(t, summary, wall):
             "noise_scale": at["noise_scale"] if at else math.nan,  # diverged before one
             "noise_scale_step": at["step"] if at else None,
         }
-    return {
+    row = {
         "optimizer": t.optimizer,
         "batch_size": t.batch_size,
         "seed": t.seed,
@@ -89,14 +90,17 @@ def trial_row(t, summary, wall):
         **stopped,
         **{k: found[k] for k in ("test_accuracy",) if k in found},  # --validation_examples
     }
+    if t.config.adaptive_batch != "off":  # the examples of its batches, its budget in epochs
+        return row | adaptive_arm.trial_fields(t, row["steps"], summary)
+    return row
 
 
 def diverged_summary(t, error):
     """The summary of Trial `t` that stopped at a non-finite loss (the
     tool's Diverged `error`): not reached, with what it trained before."""
     state = error.state
-    target = {"reached": False, "steps": t.config.train_steps}
-    target["examples"] = t.config.train_steps * t.batch_size
+    steps = t.config.train_steps or adaptive_arm.steps_done(state)  # adaptive: its epochs'
+    target = {"reached": False, "steps": steps, "examples": steps * t.batch_size}
     return {"history": [], **state, "target": target, "evaluations": state.get("evaluations", [])}
 
 
@@ -120,6 +124,11 @@ def run_trial(t):
         "config": dataclasses.asdict(t.config),
         "row": row,
         "evaluations": summary["evaluations"],
+        **(
+            {"adaptive_batch": adaptive_arm.decisions_of(summary)}
+            if t.config.adaptive_batch != "off"
+            else {}
+        ),
     }
 
 
@@ -230,13 +239,14 @@ def quasi_walk(study, batches, num_train, row_of, warn):
     too."""
     stopped, best = set(), {}  # best: optimizer -> its best trial at this batch
     seeded = set(seed_batches(study, batches, num_train))
+    trial_of = adaptive_arm.adaptive_trial if study.search.adaptive else quasi_trial
     for batch in batches:
         for optimizer in study.optimizers:
             if optimizer in stopped:
                 continue
             try:
                 rows = {
-                    i: row_of(quasi_trial(study, optimizer, batch, i, 0, num_train))
+                    i: row_of(trial_of(study, optimizer, batch, i, 0, num_train))
                     for i in range(study.search.trials)
                 }
             except NotStored:
@@ -250,7 +260,7 @@ def quasi_walk(study, batches, num_train, row_of, warn):
                 continue
             with contextlib.suppress(NotStored):
                 for seed in range(1, study.seeds + 1):
-                    row_of(quasi_trial(study, optimizer, batch, best[optimizer], seed, num_train))
+                    row_of(trial_of(study, optimizer, batch, best[optimizer], seed, num_train))
 
 
 PROTOCOL_FILE = "protocol.json"
@@ -260,7 +270,10 @@ def check_protocol(study, path):
     """ConfigError naming the first setting in which the protocol of the
     store at `path` differs from the study's (Study.search.protocol; a
     store without PROTOCOL_FILE beside it is the grid's on the test split,
-    the protocol before it existed). The store is left as it is."""
+    the protocol before it existed), or one the store's protocol has and the
+    study's lacks (the adaptive arm's, in a fixed-batch study). The store is
+    left as it is. Returns the protocol to record beside a new store
+    (record_protocol), None where one is recorded."""
     wanted = study.search.protocol(study.shared)
     recorded = os.path.join(os.path.dirname(path), PROTOCOL_FILE)
     if os.path.exists(recorded):
@@ -269,20 +282,27 @@ def check_protocol(study, path):
     elif os.path.exists(path) and os.path.getsize(path):
         found = {"search": "grid", "validation_examples": 0, "validation_seed": 0}
     else:
-        with storage.atomic_file(recorded) as f:
-            json.dump(wanted, f, indent=1)
-        return
-    for name, value in wanted.items():
-        if found.get(name) != value:
+        return wanted
 
-            def shown(v):
-                return ",".join(map(str, v)) if isinstance(v, list) else v
+    def shown(v):
+        return ",".join(map(str, v)) if isinstance(v, list) else v
 
+    for name in [*wanted, *(n for n in found if n not in wanted)]:
+        if found.get(name) != wanted.get(name):
+            value = shown(wanted[name]) if name in wanted else "not set"
             stored = shown(found[name]) if name in found else "not set"
             raise ConfigError(
-                f"--{name}={shown(value)}: the store {path} was made under another protocol "
+                f"--{name}={value}: the store {path} was made under another protocol "
                 f"(--{name}={stored}); give another --study_dir (the store is left as it is)."
             )
+    return None
+
+
+def record_protocol(path, protocol):
+    """Writes `protocol` (check_protocol's) beside the store at `path`."""
+    if protocol is not None:
+        with storage.atomic_file(os.path.join(os.path.dirname(path), PROTOCOL_FILE)) as f:
+            json.dump(protocol, f, indent=1)
 
 
 def run_target_study(study):
@@ -299,15 +319,22 @@ def _run(study, preemption):
     data = input_pipeline.load(study.shared)
     num_train = data.info.num_train
     batches = resolve_batch_sizes(study, num_train)
-    quasi = study.search.search == "quasi_random"
+    quasi, adaptive = study.search.search == "quasi_random", bool(study.search.adaptive)
     if quasi:
         check_space(study, batches)
+    compare = adaptive_arm.checked_compare(study, num_train) if adaptive else None
     os.makedirs(study.study_dir, exist_ok=True)
     path = os.path.join(study.study_dir, TRIALS_FILE)
-    records = load_store(path, [f for f in TRIAL_FIELDS if f not in GRID_FIELDS])
-    check_protocol(study, path)  # after the store is known usable: nothing written before
+    fields = [f for f in TRIAL_FIELDS if f not in GRID_FIELDS]
+    if adaptive:  # its budget is in epochs
+        fields = [f if f != "budget_steps" else "budget_epochs" for f in fields]
+    protocol = check_protocol(study, path)  # another protocol's store: refused before it is read
+    records = load_store(path, fields)
+    record_protocol(path, protocol)  # after the store is known usable: nothing written before
     walk_plan = quasi_walk if quasi else walk
     write_outputs = write_quasi_outputs if quasi else write_target_outputs
+    if adaptive:
+        write_outputs = functools.partial(adaptive_arm.write_adaptive_outputs, compare=compare)
     stored = []  # the trials of this plan the store holds, up to the first it lacks
 
     def stored_row(t):
@@ -330,7 +357,8 @@ def _run(study, preemption):
                     f"stopped by {preemption.signal} before trial {where}; run the same "
                     "command to go on"
                 )
-            print(f"{where}: up to {t.config.train_steps} steps ...", flush=True)
+            budget = t.config.train_steps or f"{t.config.train_epochs} epochs of"
+            print(f"{where}: up to {budget} steps ...", flush=True)
             try:
                 record = run_trial(t)
             except train.Preempted as error:

@@ -105,7 +105,8 @@ class Trial:
             c = self.config
             return (
                 f"{self.optimizer} batch={self.batch_size} trial={self.rate_step} rate={rate:.4g} "
-                f"momentum={c.momentum:.4g} budget={c.train_steps} seed={self.seed}"
+                f"momentum={c.momentum:.4g} budget={c.train_steps or f'{c.train_epochs} epochs'} "
+                f"seed={self.seed}"
             )
         noise = f" noise scale in {self.config.gradient_accumulation_steps} micro-batches"
         budget = f" budget={self.config.train_steps}" if self.budget_step else ""
