@@ -2,7 +2,10 @@
 of the test tiers.
 
 Two logical CPUs let MirroredStrategy tests run two replicas on one machine;
-they must be configured before TensorFlow initialises its devices.
+they must be configured before TensorFlow initialises its devices. Every
+process that collects or runs tests does that in pytest_configure; xdist's
+controller, which only hands tests to its workers, never imports TensorFlow
+(its ~6 s came before any worker started).
 
 The tiers (CONTRIBUTING.md, "Tests": which tests are `slow`, the guard of the
 fast tier, what CI's oldest-pair stage leaves out, xdist's units of work) are
@@ -26,17 +29,22 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
 
-import tensorflow as tf
 
-_cpus = tf.config.list_physical_devices("CPU")
-tf.config.set_logical_device_configuration(_cpus[0], [tf.config.LogicalDeviceConfiguration()] * 2)
+def _set_up_tensorflow():
+    """Two logical CPUs, and distinct collective keys: several test files
+    build their own MirroredStrategy; without them each one reuses the first
+    one's collective keys and fails with "Shape mismatch in the collective
+    instance" once the models differ (tensorflow#62790)."""
+    import tensorflow as tf
 
-# Several test files build their own MirroredStrategy; without this each one
-# reuses the first one's collective keys and fails with "Shape mismatch in the
-# collective instance" once the models differ (tensorflow#62790).
-from keras_lars import compat
+    from keras_lars import compat
 
-compat.apply(["distinct_collective_keys"])
+    cpus = tf.config.list_physical_devices("CPU")
+    tf.config.set_logical_device_configuration(
+        cpus[0], [tf.config.LogicalDeviceConfiguration()] * 2
+    )
+    compat.apply(["distinct_collective_keys"])
+
 
 # The JAX processes the tests start (tests/test_train_jax.jax_env) share one
 # XLA compilation cache, made once per test session (xdist's workers inherit
@@ -71,11 +79,14 @@ def pytest_addoption(parser):
     )
 
 
+@pytest.hookimpl(trylast=True)  # after xdist's, which registers its controller's session
 def pytest_configure(config):
     tiers.unordered_units(config)
     global _timing
     if not hasattr(config, "workerinput"):  # the controller, or the only process
         _timing = timing.Timing()
+    if not config.pluginmanager.hasplugin("dsession"):  # not xdist's controller
+        _set_up_tensorflow()
 
 
 def pytest_ignore_collect(collection_path, config):
@@ -169,6 +180,8 @@ def compat_left_as_found():
     through keras_lars.make_strategy("mirrored")), so that no test runs on
     patches an earlier one left: a test's outcome must not depend on the
     order (one did: iterations_after_data broke jit-compiled steps)."""
+    from keras_lars import compat
+
     before = compat.applied()
     yield
     compat.unapply([name for name in compat.applied() if name not in before])
@@ -178,6 +191,8 @@ def compat_left_as_found():
 def restore_compat():
     """Leaves keras_lars.compat as the test found it (test_compat.py and
     test_version_gates.py install every workaround on top of it)."""
+    from keras_lars import compat
+
     before = compat.applied()
     yield
     compat.unapply([name for name in compat.applied() if name not in before])

@@ -60,7 +60,7 @@ def _sample():
 
 def test_a_process_start_is_found_through_the_functions_and_classes_of_tests():
     sample = _sample()
-    reach = tiers._Reach(tiers.PROCESS_STARTERS)
+    reach = tiers._Reach(tiers.process_starters())
     assert reach.find(sample["uses_a_class"]) == [
         "uses_a_class",
         "Cluster",
@@ -77,7 +77,7 @@ def test_a_process_start_is_found_through_the_functions_and_classes_of_tests():
     ]
     assert reach.find(sample["imports_a_harmless_name_locally"]) is None
     # A helper that bounds its run is not read: what it reaches does not count.
-    opaque = tiers._Reach(tiers.PROCESS_STARTERS, opaque=[sample["through_a_helper"]])
+    opaque = tiers._Reach(tiers.process_starters(), opaque=[sample["through_a_helper"]])
     assert opaque.find(sample["uses_a_class"]) is None
 
 

@@ -4,7 +4,7 @@
 written on a test by hand: collection (classify below) sets it on
 
 - every test that starts a process: one marked `subprocess` or `multiworker`,
-  or one that reaches a process-starting call (PROCESS_STARTERS: the
+  or one that reaches a process-starting call (process_starters(): the
   subprocess and multiprocessing modules, os's fork/exec/spawn/system, and
   the library functions in _LIBRARY_STARTERS) from its own code or its
   fixtures', directly or through the functions and classes of tests/ they
@@ -24,12 +24,14 @@ user_properties (junitxml).
 Collection also marks the modules and tests that CI's oldest-pair stage
 leaves out (VERSION_INDEPENDENT, NEWEST_ONLY_IN_CI), and puts each test in its
 xdist unit of work, in the order the units go out (SEVERAL_PROCESSES,
-LONGEST_MODULES). Import it after tests/conftest.py's setup (the backend,
-the logical devices).
+LONGEST_MODULES). Importing it loads no Keras: xdist's controller uses its
+tables and runs no test; the library functions it reads load on first use,
+after tests/conftest.py's setup (the backend, the logical devices).
 """
 
 import builtins
 import dis
+import functools
 import importlib
 import importlib.metadata
 import inspect
@@ -40,7 +42,6 @@ import subprocess
 import sys
 import types
 
-import keras
 import pytest
 
 TESTS = os.path.dirname(os.path.abspath(__file__))
@@ -93,11 +94,17 @@ def _library(pairs):
     return found
 
 
-PROCESS_STARTERS = [subprocess, multiprocessing]
-PROCESS_STARTERS += [getattr(os, name) for name in _OS_STARTERS if hasattr(os, name)]
-PROCESS_STARTERS += _library(_LIBRARY_STARTERS)
-LONG_TRAINING = _library(_LIBRARY_TRAINING)
-SHORT_TRAINING = _library(_SHORT_TRAINING)
+# The library's starters and training functions load with the tools (Keras,
+# TensorFlow): in the processes that collect or run tests, on first use, not
+# in xdist's controller, which runs none (tests/conftest.py).
+@functools.cache
+def process_starters():
+    """The objects whose reach makes a test start a process."""
+    found = [subprocess, multiprocessing]
+    found += [getattr(os, name) for name in _OS_STARTERS if hasattr(os, name)]
+    return found + _library(_LIBRARY_STARTERS)
+
+
 _LOADS = ("LOAD_GLOBAL", "LOAD_NAME")
 _ATTRIBUTES = ("LOAD_ATTR", "LOAD_METHOD")
 
@@ -217,7 +224,8 @@ def _why_slow(item):
             return f"marked {marker}"
     function = getattr(item, "function", None)
     sources = ([function] if function else []) + list(_fixture_functions(item))
-    for reach, what in ((_PROCESSES, "starts a process"), (_TRAINING, "trains a run")):
+    processes, training = _reaches()
+    for reach, what in ((processes, "starts a process"), (training, "trains a run")):
         for source in sources:
             path = reach.find(source)
             if path:
@@ -699,6 +707,8 @@ class _Guard:
         for name in _OS_STARTERS:
             if hasattr(os, name):
                 self._patch(os, name, self._refuse(f"os.{name}"))
+        import keras
+
         fit, train_on_batch = keras.Model.fit, keras.Model.train_on_batch
         count = self._count
 
@@ -746,12 +756,17 @@ class _Guard:
         return found
 
 
-# The guard is not test code: a test that checks it does not start a process.
-_PROCESSES = _Reach(PROCESS_STARTERS, opaque=[_Guard])
-_TRAINING = _Reach(LONG_TRAINING, opaque=SHORT_TRAINING)
+@functools.cache
+def _reaches():
+    """(what starts a process, what trains a whole run), as _Reach. The guard
+    is not test code: a test that checks it does not start a process."""
+    training = _Reach(_library(_LIBRARY_TRAINING), opaque=_library(_SHORT_TRAINING))
+    return _Reach(process_starters(), opaque=[_Guard]), training
 
 
 def _iterations(model):
+    import keras
+
     try:
         return int(keras.ops.convert_to_numpy(model.optimizer.iterations))
     except Exception:  # not compiled, or not readable here: nothing counted
