@@ -7,7 +7,9 @@ import sys
 import time
 import types
 
+import keras
 import pytest
+import tensorflow as tf
 
 from tests import tiers
 from tests import timing
@@ -112,6 +114,8 @@ def test_the_report_table_lists_every_module_and_the_long_tests():
     assert "| test_a.py | 2 | 34.0 | 57.6% | 0.0 |" in table
     assert "| test_b.py | 1 | 25.0 | 42.4% | 0.0 |" in table
     assert "| test_a.py::runs | module | 29.0 |" in table
+    # The versions installed, which xdist's controller reads without importing them.
+    assert f"tensorflow {tf.__version__}, keras {keras.__version__}" in table
     assert "tmp_path" not in table  # fixtures under a second are left out
     assert f"| {SHORT} |" not in table  # tests under 5 s too
 

@@ -29,11 +29,11 @@ a test's speed is not a test of the code.
 
 import collections
 import datetime
+import importlib.metadata
 import os
 import platform
 import re
 import resource
-import sys
 import time
 
 LONG_TEST_SECONDS = 20.0
@@ -202,11 +202,13 @@ def _outcomes(counts):
 
 
 def _versions():
+    """'tensorflow 2.21.0, keras 3.15.1, jax 0.10.2': the installed versions
+    (read from the packages' metadata: xdist's controller imports none)."""
+    distributions = importlib.metadata.packages_distributions()
     found = []
     for name in ("tensorflow", "keras", "jax"):
-        module = sys.modules.get(name)
-        if module is not None and hasattr(module, "__version__"):
-            found.append(f"{name} {module.__version__}")
+        for distribution in distributions.get(name, [])[:1]:
+            found.append(f"{name} {importlib.metadata.version(distribution)}")
     return ", ".join(found)
 
 
