@@ -125,6 +125,12 @@ def _codes(code):
             yield from _codes(const)
 
 
+@functools.cache
+def _referenced(function):
+    """_references(function), read once for both reaches (_reaches)."""
+    return tuple(_references(function))
+
+
 def _references(function):
     """The objects that `function`'s code (nested functions included) names:
     globals, their attributes (`module.name`) and modules it imports."""
@@ -192,7 +198,7 @@ class _Reach:
                 children.append(getattr(member, "__func__", member))
         else:
             children = []
-            for reference in _references(obj):
+            for reference in _referenced(obj):
                 if id(reference) in self.targets:
                     return [_name(obj), _name(reference)]
                 children.append(reference)
