@@ -38,6 +38,19 @@ QUASI = [
 ]
 
 
+def assert_each_refused_leaving_the_store(study_dir, cases):
+    """Each (argv, start, stored) of `cases`, run on the store in `study_dir`:
+    one ConfigError line that starts with `start` and names the stored
+    setting `stored`; the store is left byte for byte."""
+    store = (study_dir / "trials.jsonl").read_bytes()
+    for argv, start, stored in cases:
+        with pytest.raises(ConfigError) as raised:
+            batch_study.run_target_study(parse(*argv, f"--study_dir={study_dir}"))
+        line = str(raised.value)
+        assert line.startswith(start) and stored in line and "\n" not in line, line
+    assert (study_dir / "trials.jsonl").read_bytes() == store
+
+
 def test_each_trial_maps_its_halton_point_onto_the_search_space():
     study = parse(
         *QUASI,
@@ -210,7 +223,6 @@ def test_a_store_of_another_protocol_is_refused_in_one_line_and_left_as_it_is(
     batch_study.run_target_study(parse(*args, f"--study_dir={tmp_path / 'quasi'}"))
     recorded = json.loads((tmp_path / "quasi" / "protocol.json").read_text())
     assert recorded["search"] == "quasi_random" and recorded["validation_examples"] == 0
-    store = (tmp_path / "quasi" / "trials.jsonl").read_bytes()
     cases = [
         (
             [a for a in args if a != "--search=quasi_random" and a != "--trials=2"],
@@ -224,12 +236,7 @@ def test_a_store_of_another_protocol_is_refused_in_one_line_and_left_as_it_is(
             "(--rate_range=0.1,10.0)",
         ),
     ]
-    for argv, start, stored in cases:
-        with pytest.raises(ConfigError) as raised:
-            batch_study.run_target_study(parse(*argv, f"--study_dir={tmp_path / 'quasi'}"))
-        line = str(raised.value)
-        assert line.startswith(start) and stored in line and "\n" not in line, line
-    assert (tmp_path / "quasi" / "trials.jsonl").read_bytes() == store
+    assert_each_refused_leaving_the_store(tmp_path / "quasi", cases)
     # A store without protocol.json is the grid's on the test split (the committed study's).
     old = tmp_path / "old"
     old.mkdir()

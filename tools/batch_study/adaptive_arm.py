@@ -45,7 +45,6 @@ are the means over the seeds at the best trial's settings (the fixed arm's
 fit is of its seeds' means), where every seed reached the target.
 """
 
-import dataclasses
 import math
 import os
 
@@ -57,15 +56,13 @@ from keras_lars.tools.batch_study.quasi_results import QUASI_TABLE_FIELDS
 from keras_lars.tools.batch_study.quasi_results import QUASI_TRIAL_FIELDS
 from keras_lars.tools.batch_study.quasi_results import quasi_table
 from keras_lars.tools.batch_study.quasi_results import seed_mean
+from keras_lars.tools.batch_study.quasi_search import point_trial
 from keras_lars.tools.batch_study.quasi_search import point_values
 from keras_lars.tools.batch_study.results import write_table
 from keras_lars.tools.batch_study.target_results import TITLES
 from keras_lars.tools.batch_study.target_results import study_header
 from keras_lars.tools.batch_study.target_results import trial_rows
 from keras_lars.tools.batch_study.target_search import budget_steps
-from keras_lars.tools.batch_study.target_search import rule_rate
-from keras_lars.tools.batch_study.target_search import stopping_trial
-from keras_lars.tools.batch_study.target_search import trial_config
 from keras_lars.tools.settings import ConfigError
 
 # The arm's trial rows: the fixed arm's, the budget in epochs (budget_steps: none).
@@ -106,26 +103,23 @@ def adaptive_trial(study, optimizer, batch_size, index, seed, num_train, point=N
     """Trial `index` of the arm at (optimizer, start batch) with `seed`
     (module docstring); `point`: its u (default: the sequence's)."""
     search = study.search
-    rate, one_minus_momentum, warmup, budget_factor = point_values(search, index, point)
+    values = point_values(search, index, point)
     epoch = num_train // batch_size
-    epochs = math.ceil(budget_steps(search, batch_size, num_train) * budget_factor / epoch)
-    config = trial_config(
+    epochs = math.ceil(budget_steps(search, batch_size, num_train) * values[3] / epoch)
+    return point_trial(
         study,
         optimizer,
         batch_size,
-        rule_rate(study, optimizer, batch_size) * rate,
+        index,
         seed,
+        values,
         0,  # the length is the epochs
-        momentum=1.0 - one_minus_momentum,
         train_epochs=epochs,
-        warmup_epochs=warmup * epochs,
+        warmup_epochs=values[2] * epochs,
         eval_every_steps=eval_interval(search, num_train),
+        gradient_accumulation_steps=search.noise_scale_micro_batches,
+        **search.adaptive,
     )
-    config = dataclasses.replace(
-        config, **search.adaptive, gradient_accumulation_steps=search.noise_scale_micro_batches
-    )
-    searched = (("momentum", config.momentum), ("warmup_fraction", warmup))
-    return stopping_trial(study, optimizer, batch_size, index, seed, config, searched=searched)
 
 
 def decisions_of(summary):

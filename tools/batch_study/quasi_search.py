@@ -29,6 +29,7 @@ goal. Seeds 1 .. --seeds then train at its settings: a fresh measure, not
 selected, beside it.
 """
 
+import dataclasses
 import math
 
 from keras_lars.tools.batch_study.study import RANGES
@@ -76,20 +77,30 @@ def quasi_trial(study, optimizer, batch_size, index, seed, num_train, point=None
     """Trial `index` of the search at (optimizer, batch) with `seed`
     (module docstring); `point`: its u (default: points()[index])."""
     search = study.search
-    rate, one_minus_momentum, warmup, budget_factor = point_values(search, index, point)
-    budget = math.ceil(budget_steps(search, batch_size, num_train) * budget_factor)
-    epoch = num_train // batch_size
-    config = trial_config(
+    values = point_values(search, index, point)
+    budget = math.ceil(budget_steps(search, batch_size, num_train) * values[3])
+    return point_trial(
         study,
         optimizer,
         batch_size,
-        rule_rate(study, optimizer, batch_size) * rate,
+        index,
         seed,
+        values,
         budget,
-        momentum=1.0 - one_minus_momentum,
-        warmup_epochs=warmup * budget / epoch,  # the tool rounds to a step
+        warmup_epochs=values[2] * budget / (num_train // batch_size),  # the tool rounds to a step
         eval_every_steps=eval_interval(search, batch_size, num_train),
     )
+
+
+def point_trial(study, optimizer, batch_size, index, seed, values, steps, **settings):
+    """Trial `index` at (optimizer, batch) with `seed` at the point of
+    `values` (point_values'): the rule's peak rate times the point's rate
+    factor, its momentum, `steps` (0: the length is `settings`' epochs) and
+    `settings` (the warmup, the evaluation interval, ...) over the trial's."""
+    rate, one_minus_momentum, warmup, _ = values
+    peak = rule_rate(study, optimizer, batch_size) * rate
+    config = trial_config(study, optimizer, batch_size, peak, seed, steps)
+    config = dataclasses.replace(config, momentum=1.0 - one_minus_momentum, **settings)
     searched = (("momentum", config.momentum), ("warmup_fraction", warmup))
     return stopping_trial(study, optimizer, batch_size, index, seed, config, searched=searched)
 
