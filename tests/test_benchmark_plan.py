@@ -127,19 +127,18 @@ def test_settings_refuse_the_calibration_batch_among_the_others():
 
 
 def test_the_measured_time_leaves_out_the_evaluations_up_to_the_target():
-    summary = {
-        "target": {"reached": True, "step": 40, "seconds": 30.0},
-        "evaluations": [{"step": 20}, {"step": 40}],
-    }
-    # two evaluations to the target (2 s and 3 s), then the test split's (7 s): not in its seconds
-    found = benchmark.measured(summary, [2.0, 3.0, 7.0])
+    # Two evaluations to the target took 5 s of its 30 (the test split's
+    # after it is in neither count).
+    summary = {"target": {"reached": True, "step": 40, "seconds": 30.0, "evaluation_seconds": 5.0}}
+    found = benchmark.measured(summary)
     assert (found.steps, found.seconds, found.evaluation_seconds, found.step) == (
         40,
         25.0,
         5.0,
         0.625,
     )
-    missed = benchmark.measured({"target": {"reached": False}, "evaluations": []}, [1.0, 2.0])
+    history = [{"evaluation_seconds": 1.0}, {"evaluation_seconds": 2.0}]
+    missed = benchmark.measured({"target": {"reached": False}, "history": history})
     assert missed.steps is None and missed.evaluation_seconds == 3.0
 
 

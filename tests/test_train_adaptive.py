@@ -33,6 +33,7 @@ from tests.train_tool import TIMEOUT
 from tests.train_tool import h5_arrays
 from tests.train_tool import parse
 from tests.train_tool import start_tool
+from tests.train_tool import untimed
 
 ADAPTIVE = ("--adaptive_batch=adascale", "--gradient_accumulation_steps=2")
 
@@ -228,7 +229,7 @@ def test_a_decision_changes_the_batch_and_a_rerun_from_its_checkpoint_decides_al
     os.remove(rerun / "summary.json")
     _, again = train_data.short_run(rerun, **settings)
     assert again["adaptive_batch"] == summary["adaptive_batch"]
-    assert _untimed(again["history"]) == _untimed(summary["history"])
+    assert untimed(again["history"]) == untimed(summary["history"])
     _assert_same_weights(*(d / "checkpoints" / "ckpt-0002.weights.h5" for d in (run, rerun)))
     assert json.loads((rerun / "summary.json").read_text())["adaptive_batch"] == [decision]
     np.testing.assert_equal(again["phases"], summary["phases"])
@@ -431,12 +432,6 @@ def _tensorboard_scalars(log_dir):
                 scalar = float(tf.make_ndarray(value.tensor))
                 series.setdefault(value.tag, []).append((event.step, scalar))
     return series
-
-
-def _untimed(history):
-    return [
-        {k: v for k, v in h.items() if k not in ("seconds", "images_per_second")} for h in history
-    ]
 
 
 if __name__ == "__main__":

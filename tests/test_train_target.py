@@ -5,6 +5,7 @@ Runs in this process: Shallue et al.'s simple CNN with LAMB on 256 digits at
 16x16, batch 32 (8 steps an epoch), 2 epochs, 64 evaluated."""
 
 import json
+import types
 
 import numpy as np
 import pytest
@@ -13,9 +14,11 @@ from keras_lars.tools import checkpoints
 from keras_lars.tools import input_pipeline
 from keras_lars.tools import train
 from keras_lars.tools.train import build
+from keras_lars.tools.train import run_callbacks
 from keras_lars.tools.train import target
 from tests.train_tool import assert_same_weights
 from tests.train_tool import fingerprint
+from tests.train_tool import untimed
 
 RUN = dict(
     model="simple_cnn",
@@ -37,10 +40,6 @@ def run(model_dir, **settings):
     """(config, summary) of RUN with `settings`, trained (or resumed) here."""
     config = train.Config(**{**RUN, **settings, "model_dir": str(model_dir)})
     return config, train.train_and_evaluate(config)
-
-
-def without_seconds(evaluations):
-    return [{k: v for k, v in e.items() if k != "seconds"} for e in evaluations]
 
 
 @pytest.fixture(scope="module")
@@ -85,6 +84,36 @@ def test_evaluations_within_epochs_change_no_number(every_two_steps, tmp_path):
     assert_same_weights(model_dir / "checkpoints" / name, plain / "checkpoints" / name, 5)
 
 
+def test_each_evaluation_counts_the_seconds_spent_evaluating_to_it(every_two_steps):
+    _, summary = every_two_steps
+    evaluations, history = summary["evaluations"], summary["history"]
+    spent = [e["evaluation_seconds"] for e in evaluations]
+    # Each evaluation adds its own time: within an epoch (timed around
+    # Model.evaluate) and at its end (Keras's on_test_begin / on_test_end).
+    assert all(later > earlier for earlier, later in zip([0.0, *spent], spent)), spent
+    assert all(0 < e["evaluation_seconds"] < e["seconds"] for e in evaluations), evaluations
+    # An epoch's record holds its evaluations': the run's last evaluation, at
+    # its end, counts them all.
+    assert sum(h["evaluation_seconds"] for h in history) == pytest.approx(spent[-1], abs=2e-3)
+
+
+def test_an_epochs_images_per_second_leave_out_the_evaluations_within_it(monkeypatch):
+    clock = iter([0.0, 1.0, 2.0, 7.0, 8.0, 9.0])
+    monkeypatch.setattr(run_callbacks.time, "time", lambda: next(clock))
+    counter = types.SimpleNamespace(done=0)
+    throughput = run_callbacks.Throughput(counter, global_batch_size=30)
+    throughput.on_epoch_begin(0)  # 0 s
+    counter.done = 1
+    throughput.on_train_batch_end(0)  # 1 s
+    with throughput.evaluation():  # 2 s to 7 s
+        pass
+    for done in (2, 3):  # 8 s, 9 s
+        counter.done = done
+        throughput.on_train_batch_end(done - 1)
+    # 2 steps of 30 images after the first in 8 s, 5 s of them evaluating.
+    assert throughput.epoch_rate() == 20.0 and throughput.evaluation_seconds == 5.0
+
+
 @pytest.mark.parametrize("at_epoch_end", [False, True], ids=["within_an_epoch", "at_epoch_end"])
 def test_the_run_stops_at_the_first_evaluation_that_reaches_the_target(
     every_two_steps, tmp_path, capsys, at_epoch_end
@@ -96,13 +125,11 @@ def test_the_run_stops_at_the_first_evaluation_that_reaches_the_target(
     capsys.readouterr()
     _, summary = run(model_dir, eval_every_steps=2, target_accuracy=target)
     step = reached["step"]
-    assert without_seconds([summary["target"]]) == without_seconds(
+    assert untimed([summary["target"]]) == untimed(
         [{"target_accuracy": target, "reached": True, **reached}]
     )
     assert summary["target"]["examples"] == 32 * step
-    assert without_seconds(summary["evaluations"]) == without_seconds(
-        whole["evaluations"][: index + 1]
-    )
+    assert untimed(summary["evaluations"]) == untimed(whole["evaluations"][: index + 1])
     output = capsys.readouterr().out
     final = [line for line in output.splitlines() if line.startswith("final:")]
     assert len(final) == 1 and f"target={target} reached at step {step} ({32 * step} " in final[0]
@@ -132,7 +159,7 @@ def test_a_target_not_reached_is_a_result(every_two_steps, tmp_path, capsys):
         "steps": TOTAL_STEPS,
         "examples": 32 * TOTAL_STEPS,
     }
-    assert without_seconds(summary["evaluations"]) == without_seconds(whole["evaluations"])
+    assert untimed(summary["evaluations"]) == untimed(whole["evaluations"])
     assert f"target={target} not reached in {TOTAL_STEPS} steps" in capsys.readouterr().out
 
 
@@ -268,12 +295,10 @@ def test_a_collapsed_run_stops_there_not_reached(tmp_path, capsys):
     capsys.readouterr()
     _, summary = run(model_dir, **COLLAPSING, collapse_patience=PATIENCE)
     # Stopping changes no number before the stop.
-    assert without_seconds(summary["evaluations"]) == without_seconds(
-        whole["evaluations"][: end + 1]
-    )
+    assert untimed(summary["evaluations"]) == untimed(whole["evaluations"][: end + 1])
     step = whole["evaluations"][end]["step"]
     found = summary["target"]
-    assert without_seconds([found["collapsed"]]) == without_seconds([whole["evaluations"][end]])
+    assert untimed([found["collapsed"]]) == untimed([whole["evaluations"][end]])
     assert {k: v for k, v in found.items() if k != "collapsed"} == {
         "target_accuracy": 0.99,
         "reached": False,

@@ -62,6 +62,16 @@ def run_tools(arg_lists, parallel=2):
         return list(pool.map(run_tool, arg_lists))
 
 
+# The keys of a history record or an evaluation that time the run: they
+# differ between runs whose numbers are equal.
+TIMINGS = ("seconds", "evaluation_seconds", "images_per_second")
+
+
+def untimed(records):
+    """History records or evaluations without their TIMINGS."""
+    return [{k: v for k, v in r.items() if k not in TIMINGS} for r in records]
+
+
 def fingerprint(directory):
     """{relative path: sha256} of every file under `directory`."""
     found = {}

@@ -21,7 +21,7 @@ that repeat: the planner's error with the machine's change left out.
 
 The planned time is training time (steps x step), so the measured time is
 too: the run's seconds to the evaluation that reached the target, less the
-seconds of the evaluations (every Model.evaluate call, timed here). The
+seconds of the evaluations to it (the run's own count: evaluation_seconds). The
 planned steps are the study's mean steps to the target at that batch (its
 seeds); the measured ones are this run's.
 
@@ -31,14 +31,11 @@ seeds); the measured ones are this run's.
 Defaults take about 5 minutes on a quiet 2-core CPU.
 """
 
-import contextlib
 import dataclasses
 import gc
 import os
 import shutil
 import tempfile
-import time
-from unittest import mock
 
 import keras
 from absl import app
@@ -159,32 +156,13 @@ def study_config(stored, model_dir, **changes):
 
 
 # --- training -------------------------------------------------------------------------------
-@contextlib.contextmanager
-def timed_evaluations():
-    """Yields a list that gets the seconds of every Model.evaluate call
-    within (Keras's epoch-end validation calls it too)."""
-    seconds, evaluate = [], keras.Model.evaluate
-
-    def timed(model, *args, **kwargs):
-        started = time.perf_counter()
-        try:
-            return evaluate(model, *args, **kwargs)
-        finally:
-            seconds.append(time.perf_counter() - started)
-
-    with mock.patch.object(keras.Model, "evaluate", timed):
-        yield seconds
-
-
 def trained(config):
-    """Trains `config` (its output in its model dir's train.log); its
-    summary and the seconds of each evaluation it made."""
-    with timed_evaluations() as evaluations:
-        summary = train_logged(config, "the benchmark's next run")
+    """Trains `config` (its output in its model dir's train.log); its summary."""
+    summary = train_logged(config, "the benchmark's next run")
     keras.backend.clear_session()
     gc.collect()
     shutil.rmtree(os.path.join(config.model_dir, CHECKPOINTS), ignore_errors=True)
-    return summary, evaluations
+    return summary
 
 
 @dataclasses.dataclass(frozen=True)
@@ -201,15 +179,15 @@ class Measured:
         return self.seconds / self.steps
 
 
-def measured(summary, evaluations):
-    """The Measured of a run's summary and its evaluations' seconds (those
-    up to the target: the target's seconds hold them; a test-split
-    evaluation after it does not count)."""
+def measured(summary):
+    """The Measured of a run's summary: to the target, its seconds less
+    those of the evaluations within them; not reached, every evaluation's."""
     found = summary["target"]
     if not found["reached"]:
-        return Measured(None, float("nan"), sum(evaluations))
-    done = sum(evaluations[: len(summary["evaluations"])])
-    return Measured(found["step"], found["seconds"] - done, done)
+        spent = sum(record.get("evaluation_seconds", 0.0) for record in summary["history"])
+        return Measured(None, float("nan"), spent)
+    spent = found["evaluation_seconds"]
+    return Measured(found["step"], found["seconds"] - spent, spent)
 
 
 # --- planned against measured ---------------------------------------------------------------
@@ -326,7 +304,7 @@ def benchmark(options, work_dir, say=print):
             eval_every_steps=0,
             target_accuracy=0.0,
         )
-        return trained(config)[0]["train_images_per_second"]
+        return trained(config)["train_images_per_second"]
 
     say(f"(1) {options.calibration_steps} steps at batch {calibration:,}, no evaluation ...")
     speed = short_run(run_dir)
@@ -349,7 +327,7 @@ def benchmark(options, work_dir, say=print):
             f"{config.peak_learning_rate:g} over {config.train_steps:,} steps, seed "
             f"{config.seed} (the study's best trial) ..."
         )
-        runs[batch] = measured(*trained(config))
+        runs[batch] = measured(trained(config))
         found = runs[batch]
         say(
             "    not reached"

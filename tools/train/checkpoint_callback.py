@@ -88,6 +88,7 @@ class Checkpointing(keras.callbacks.Callback):
             epoch=epoch + 1,
             steps=self.counter.step,
             seconds=round(time.time() - self.throughput.started, 3),
+            evaluation_seconds=round(self.throughput.evaluation_seconds, 3),
         )
         rate = self.throughput.epoch_rate()
         if rate is not None:

@@ -3,7 +3,8 @@
     StepCounter         reads the optimizer's step once per batch (a device
                         sync); stops a short last epoch at its planned steps
     ReseedDropout       an epoch's random layers draw from (seed, epoch)
-    Throughput          images/s of an epoch, from its steps after the first
+    Throughput          images/s of an epoch, from its steps after the first,
+                        and the seconds of its evaluations (left out of them)
     LearningRateLog     the scheduled rate at the epoch's end, into the logs
     BatchLog            the epoch's batch and image size (phases), into the logs
     ProgressLine        off a terminal, a line within an epoch every N seconds
@@ -13,6 +14,7 @@
 Checkpointing (checkpoint_callback.py) uses StepCounter and Throughput.
 """
 
+import contextlib
 import importlib.util
 import os
 import sys
@@ -108,12 +110,16 @@ def seed_generator_states(model):
 
 class Throughput(keras.callbacks.Callback):
     """Training images/s of an epoch: B * (steps between its first and last
-    batch) / (their time), leaving out tracing and the pipeline's start. With
-    one execution per epoch, the epoch's steps over its time, from the
-    second epoch of this process on (the first traces). Each rate measured
-    is also appended to `measured` (a list: this process's rates, which the
-    summary reports; the history restored from a checkpoint holds those of
-    earlier processes)."""
+    batch) / (their time less the evaluations between them), leaving out
+    tracing and the pipeline's start. With one execution per epoch, the
+    epoch's steps over its time, from the second epoch of this process on
+    (the first traces). Each rate measured is also appended to `measured` (a
+    list: this process's rates, which the summary reports; the history
+    restored from a checkpoint holds those of earlier processes).
+
+    `evaluation_seconds`: the seconds of the epoch's evaluations so far,
+    Keras's at the epoch end (its on_test_begin / on_test_end) and those
+    made within `evaluation()`."""
 
     def __init__(self, counter, global_batch_size, measured=None):
         super().__init__()
@@ -121,25 +127,44 @@ class Throughput(keras.callbacks.Callback):
         self.measured = [] if measured is None else measured
         self._traced = False  # an epoch ran in this process (its functions are traced)
         self.batch_of_epoch = None  # epoch -> its global batch, under --batch_schedule
+        self.evaluation_seconds, self._test_started = 0.0, None
 
     def on_epoch_begin(self, epoch, logs=None):
         self.started, self._first, self._last = time.time(), None, None
+        self.evaluation_seconds = 0.0
         if self.batch_of_epoch is not None:
             self.global_batch_size = self.batch_of_epoch(epoch)
 
+    def on_test_begin(self, logs=None):
+        self._test_started = time.time()
+
+    def on_test_end(self, logs=None):
+        self.evaluation_seconds += time.time() - self._test_started
+
+    @contextlib.contextmanager
+    def evaluation(self):
+        """Times an evaluation made within the epoch (Model.evaluate called
+        without this callback)."""
+        started = time.time()
+        try:
+            yield
+        finally:
+            self.evaluation_seconds += time.time() - started
+
     def on_train_batch_end(self, batch, logs=None):
+        mark = (self.counter.done, time.time(), self.evaluation_seconds)
         if self._first is None:
-            self._first = (self.counter.done, time.time())
-        self._last = (self.counter.done, time.time())
+            self._first = mark
+        self._last = mark
 
     def epoch_rate(self):
         """This epoch's images/s, or None when it cannot be measured."""
-        (first, t0), (last, t1) = self._first, self._last
-        rate = None
-        if last > first and t1 > t0:
-            rate = round((last - first) * self.global_batch_size / (t1 - t0), 2)
-        elif self._traced and t1 > self.started:
-            rate = round(last * self.global_batch_size / (t1 - self.started), 2)
+        (first, t0, e0), (last, t1, e1) = self._first, self._last
+        rate, training = None, (t1 - t0) - (e1 - e0)
+        if last > first and training > 0:
+            rate = round((last - first) * self.global_batch_size / training, 2)
+        elif self._traced and t1 - self.started - e1 > 0:
+            rate = round(last * self.global_batch_size / (t1 - self.started - e1), 2)
         self._traced = True
         if rate is not None:
             self.measured.append(rate)

@@ -7,7 +7,7 @@ run also evaluates at the first step boundary at or after every multiple of k
 within an epoch, on the whole evaluation split (Keras's `Model.evaluate`, so
 that every replica and worker computes the same number). An evaluation is
 
-    {"step", "examples", "seconds", "val_accuracy", "val_loss", ...}
+    {"step", "examples", "seconds", "evaluation_seconds", "val_accuracy", "val_loss", ...}
 
 (with --noise_scale also the smoothed noise scale at that step: noise_scale,
 noise_scale_gradient_sq, noise_scale_trace)
@@ -17,7 +17,9 @@ test_loss: the test set is read there only)
 with `examples` the training examples consumed by `step` (RunLength) and
 `seconds` the training time to it: the epochs of the history, plus the
 current epoch's time so far (evaluations included; an epoch cut by a
-preemption counts from its resume).
+preemption counts from its resume), and `evaluation_seconds` the seconds of
+the evaluations within that time (this one's included): seconds -
+evaluation_seconds is the time spent training.
 
 With --collapse_patience=n the target is out of reach, and the run decided,
 once the last n evaluations all scored at most chance, a = CHANCE / classes,
@@ -86,7 +88,8 @@ class Evaluations(keras.callbacks.Callback):
             return  # the epoch's end evaluates
         if step // every > self._evaluated_at // every:
             dataset, steps = self.validation
-            found = self.model.evaluate(dataset, steps=steps, verbose=0, return_dict=True)
+            with self.throughput.evaluation():
+                found = self.model.evaluate(dataset, steps=steps, verbose=0, return_dict=True)
             self._record(step, {f"val_{k}": v for k, v in found.items()})
 
     def on_epoch_end(self, epoch, logs=None):
@@ -103,18 +106,22 @@ class Evaluations(keras.callbacks.Callback):
         dataset, steps = feed.evaluation(
             test, self.run.config.micro_batch_size, self.run.runtime.strategy
         )
-        found = self.model.evaluate(dataset, steps=steps[0], verbose=0, return_dict=True)
+        with self.throughput.evaluation():
+            found = self.model.evaluate(dataset, steps=steps[0], verbose=0, return_dict=True)
         return {
             f"test_{k}": float(keras.ops.convert_to_numpy(found[k])) for k in ("accuracy", "loss")
         }
 
     def _record(self, step, logs):
         self._evaluated_at = step
-        done_epochs = sum(record.get("seconds", 0.0) for record in self.state["history"])
+        history = self.state["history"]
+        done_epochs = sum(record.get("seconds", 0.0) for record in history)
+        evaluated = sum(record.get("evaluation_seconds", 0.0) for record in history)
         entry = {
             "step": step,
             "examples": self.run.length.examples_at(step),
             "seconds": round(done_epochs + time.time() - self.throughput.started, 3),
+            "evaluation_seconds": round(evaluated + self.throughput.evaluation_seconds, 3),
             **{k: float(keras.ops.convert_to_numpy(v)) for k, v in logs.items() if "val_" in k},
         }
         if self.run.config.noise_scale:  # the smoothed noise scale at this step
