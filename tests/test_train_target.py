@@ -95,6 +95,9 @@ def test_each_evaluation_counts_the_seconds_spent_evaluating_to_it(every_two_ste
     # An epoch's record holds its evaluations': the run's last evaluation, at
     # its end, counts them all.
     assert sum(h["evaluation_seconds"] for h in history) == pytest.approx(spent[-1], abs=2e-3)
+    # The final numbers are the last epoch's, without its times.
+    assert {"seconds", "evaluation_seconds"} <= set(history[-1])
+    assert not {"seconds", "evaluation_seconds", "images_per_second"} & set(summary["final"])
 
 
 def test_an_epochs_images_per_second_leave_out_the_evaluations_within_it(monkeypatch):

@@ -216,6 +216,11 @@ def remove_config(config):
     gfile.remove(os.path.join(config.model_dir, CONFIG_FILE))
 
 
+# A history record's keys that time its epoch (Checkpointing's), not its numbers:
+# summary.json's "final" and the final line leave them out.
+EPOCH_TIMINGS = ("seconds", "evaluation_seconds", "images_per_second")
+
+
 def write_summary(config, length, state, wall_seconds, strategy, rates=()):
     """summary.json (on the chief) and the `final:` line; returns the summary.
     `state`: the run's (its history, evaluations and target: target.py).
@@ -226,7 +231,7 @@ def write_summary(config, length, state, wall_seconds, strategy, rates=()):
     history = state["history"]
     final = dict(history[-1]) if history else {}
     summary = {
-        "final": {k: v for k, v in final.items() if k not in ("seconds", "images_per_second")},
+        "final": {k: v for k, v in final.items() if k not in EPOCH_TIMINGS},
         "epochs": length.epochs,
         "steps": length.total_steps,
         "steps_per_epoch": length.steps_per_epoch,
