@@ -128,8 +128,19 @@ def test_a_short_run_prints_nothing_and_only_far_past_the_cap_fails():
         many.record(_report(f"tests/test_d.py::test_{index}", "teardown", 0.5))
     many.record(_report("tests/test_d.py::test_long", "teardown", 100.0))
     many.record(_report("tests/test_d.py::test_listed", "teardown", 500.0))
+    # Past the cap in worker seconds and in CPU seconds: fails.
+    cpu = [("cpu_seconds", 95.0)]
+    many.record(_report("tests/test_d.py::test_busy", "teardown", 100.0, properties=cpu))
+    # Past the cap in worker seconds only (starved, or waiting): named with its CPU, not failed.
+    cpu = [("cpu_seconds", 1.5)]
+    many.record(_report("tests/test_d.py::test_starved", "teardown", 120.0, properties=cpu))
     lines, too_long = timing.finish(many, config, {"test_d.py::test_listed": "why"})
-    assert lines and too_long == [("tests/test_d.py::test_long", 100.0)]
+    long, busy = "tests/test_d.py::test_long", "tests/test_d.py::test_busy"
+    assert too_long == [(long, 100.0), (busy, 100.0)]
+    assert (
+        "timing: tests/test_d.py::test_starved took 120.0 s (> 20 s, 1.5 s of CPU) and is not "
+        "in tests/tiers.py's LONG_TESTS: make it shorter, or list it there with its reason"
+    ) in lines
 
 
 def test_a_fixtures_setup_seconds_go_to_the_test_that_ran_it():
